@@ -1,0 +1,119 @@
+"""`cosyvoice-server`: serve, doctor, fetch, generate-model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import Settings, env_name, from_env_and_args
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the HTTP server", description="Every flag can also be set as the environment variable shown.")
+    types = {"model_dir": Path, "api_key_file": Path}
+    for name, field in Settings.model_fields.items():
+        if name == "api_key":
+            continue  # a secret belongs in the environment (COSYVOICE_API_KEY) or a file, not in argv
+        ann = field.annotation
+        kind = types.get(name) or (int if ann in (int, int | None) else float if ann is float else str)
+        choices = getattr(ann, "__args__", None) if str(ann).startswith("typing.Literal") else None
+        p.add_argument("--" + name.replace("_", "-"), type=kind, choices=choices, default=None,
+                       help=f"{field.description or ''} [env {env_name(name)}; default {field.default}]")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    try:
+        settings = from_env_and_args(vars(args))
+    except ValidationError as exc:
+        for e in exc.errors():
+            print(f"error: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Fail fast, before listening, on what the operator or user can fix: the model files and the device.
+    from .engine.runtime import DeviceError, Runtime, RuntimeOptions
+    from .model.manifest import ModelLoadError, validate_model_dir
+
+    try:
+        validate_model_dir(settings.model_dir)
+        Runtime(settings.device, RuntimeOptions(device_id=settings.device_id))
+        settings.resolved_api_key()
+    except (ModelLoadError, DeviceError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from .server import run
+
+    return run(settings)
+
+
+def _doctor(_: argparse.Namespace) -> int:
+    import onnxruntime as ort
+
+    from .engine.runtime import DeviceError, Runtime, cuda_missing_reason
+    from .gpu import nvml_devices
+
+    print(f"cosyvoice-server {__version__}")
+    print(f"onnxruntime {ort.__version__}; providers: {', '.join(ort.get_available_providers())}")
+    devices, driver = nvml_devices()
+    print(f"NVIDIA driver: {driver or 'not found (NVML unavailable)'}")
+    for d in devices:
+        kind = f"MIG {d.mig_profile} {d.mig_uuid}" if d.mig_uuid else "whole GPU"
+        print(f"  {d.name} {d.gpu_uuid}: {kind}, memory {d.memory_used / 2**30:.1f}/{d.memory_total / 2**30:.1f} GiB")
+    if hasattr(ort, "get_build_info"):
+        print(f"build: {ort.get_build_info()}")
+    missing = cuda_missing_reason()
+    if missing is None:
+        try:
+            Runtime("cuda")
+            print("--device cuda: usable")
+            return 0
+        except DeviceError as exc:
+            missing = str(exc)
+    print(f"--device cuda: NOT usable: {missing}")
+    print("--device auto will use the CPU.")
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from .fetch import FetchError, fetch
+
+    try:
+        root = fetch(args.uri, Path(args.dest), args.sha256)
+    except FetchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(root)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .model.generate import generate
+
+    print(generate(Path(args.out), args.preset, args.seed))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cosyvoice-server", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    sub.add_parser("doctor", help="report ONNX Runtime, CUDA and GPU/MIG facts, and what --device cuda lacks")
+    f = sub.add_parser("fetch", help="download/unpack a model directory (the operator's init container)")
+    f.add_argument("--uri", required=True, help="path, file://, http(s)://, s3:// or gs:// of a directory or archive")
+    f.add_argument("--dest", required=True, help="directory to fill")
+    f.add_argument("--sha256", help="expected SHA-256 of the archive")
+    g = sub.add_parser("generate-model", help="build a random-weight model with CosyVoice2's structure")
+    g.add_argument("--preset", default="tiny", help="size preset (tiny)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "generate-model": _generate}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Loads a model directory into the three stage engines, the text frontend and the voices."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..frontend import TextFrontend
+from ..model.manifest import Manifest, ModelLoadError, Precision, stage_file, validate_model_dir
+from .flow import FlowEngine, VocoderEngine
+from .llm import LLMEngine
+from .runtime import DeviceRequest, Runtime, RuntimeOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Voice:
+    name: str
+    embedding: np.ndarray  # [192]
+    prompt_text_tokens: np.ndarray
+    prompt_speech_tokens: np.ndarray
+    prompt_mel: np.ndarray  # [2 * prompt tokens, 80]
+
+
+def _load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [k for k in keys if k not in data]
+            if missing:
+                raise ModelLoadError(f"{path}: missing array(s) {', '.join(missing)} (has {', '.join(data.files)})")
+            return {k: data[k] for k in keys}
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not a readable .npz file ({exc})") from exc
+
+
+def load_voices(model_dir: Path, m: Manifest) -> dict[str, Voice]:
+    voices = {}
+    for path in sorted((model_dir / m.voices.dir).glob("*.npz")):
+        a = _load_npz(path, ("embedding", "prompt_text_tokens", "prompt_speech_tokens", "prompt_mel"))
+        if a["embedding"].shape != (m.flow.spk_embed_dim,):
+            raise ModelLoadError(f"{path}: embedding has shape {a['embedding'].shape}, expected ({m.flow.spk_embed_dim},)")
+        if a["prompt_mel"].shape != (len(a["prompt_speech_tokens"]) * m.token_mel_ratio, m.flow.mel_bins):
+            raise ModelLoadError(
+                f"{path}: prompt_mel has shape {a['prompt_mel'].shape}, expected "
+                f"({len(a['prompt_speech_tokens']) * m.token_mel_ratio}, {m.flow.mel_bins}) for its prompt tokens"
+            )
+        voices[path.stem] = Voice(path.stem, a["embedding"].astype(np.float32), a["prompt_text_tokens"].astype(np.int64),
+                                  a["prompt_speech_tokens"].astype(np.int64), a["prompt_mel"].astype(np.float32))
+    return voices
+
+
+def choose_precision(requested: str, device: str, m: Manifest) -> Precision:
+    """`auto` takes FP16 files on CUDA when the manifest provides them for every stage, else FP32."""
+    if requested != "auto":
+        return requested  # type: ignore[return-value]
+    stages = (m.llm, m.flow.encoder, m.flow.estimator, m.vocoder)
+    if device == "cuda" and all("fp16" in s.files for s in stages):
+        return "fp16"
+    return "fp32"
+
+
+class Pipeline:
+    def __init__(self, model_dir: Path, device: DeviceRequest = "auto", precision: str = "auto",
+                 options: RuntimeOptions | None = None) -> None:
+        t0 = time.perf_counter()
+        self.model_dir = model_dir
+        self.manifest = m = validate_model_dir(model_dir, "fp32")
+        self.runtime = Runtime(device, options)
+        self.precision = choose_precision(precision, self.runtime.device, m)
+        if self.precision != "fp32":
+            validate_model_dir(model_dir, self.precision)
+        p = self.precision
+        self.frontend = TextFrontend(model_dir / m.frontend.tokenizer, m.frontend.max_text_tokens_per_segment)
+        emb = _load_npz(model_dir / m.llm.embeddings, ("text_embedding", "speech_embedding", "llm_embedding"))
+        self.llm = LLMEngine(self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
+        self.flow = FlowEngine(self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),
+                               stage_file(model_dir, m.flow.estimator, p, "flow.estimator"), m.flow, m.token_mel_ratio)
+        self.vocoder = VocoderEngine(self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"), m.hop_samples)
+        self.voices = load_voices(model_dir, m)
+        if m.voices.default not in self.voices:
+            raise ModelLoadError(f"{model_dir / m.voices.dir}: the default voice '{m.voices.default}' is missing")
+        log.info("loaded %s from %s on %s (%s) in %.2fs; voices: %s", m.name, model_dir, self.runtime.device, p,
+                 time.perf_counter() - t0, ", ".join(self.voices))
+
+    @property
+    def sample_rate(self) -> int:
+        return self.manifest.sample_rate

@@ -1,0 +1,118 @@
+"""ONNX Runtime sessions on one device, and tensors that stay there.
+
+On CUDA the execution provider gets the options that matter for MIG slices (device_id,
+gpu_mem_limit, arena_extend_strategy, cudnn_conv_algo_search, do_copy_in_default_stream), and the
+engine moves data through IO binding so KV caches and flow states stay on the GPU between runs.
+On CPU the same code runs with device type "cpu".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+DeviceRequest = Literal["auto", "cpu", "cuda"]
+
+
+class DeviceError(RuntimeError):
+    """The requested device cannot be used; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    device_id: int = 0
+    gpu_mem_limit_bytes: int | None = None
+    arena_extend_strategy: str = "kSameAsRequested"  # a MIG slice has no room for power-of-two growth
+    cudnn_conv_algo_search: str = "HEURISTIC"  # EXHAUSTIVE re-benchmarks every new chunk length
+    intra_op_threads: int = 1
+
+
+def cuda_missing_reason() -> str | None:
+    """None when ONNX Runtime can offer CUDA, else what is missing, in words."""
+    providers = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in providers:
+        return (
+            f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (available: {', '.join(providers)}); "
+            "install onnxruntime-gpu instead of onnxruntime (pip install 'cosyvoice-server[gpu]'), "
+            "with CUDA 12/13 and cuDNN 9 libraries and an NVIDIA driver visible to the process"
+        )
+    return None
+
+
+def _probe_model() -> bytes:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]).SerializeToString()
+
+
+class Runtime:
+    def __init__(self, device: DeviceRequest, options: RuntimeOptions | None = None) -> None:
+        self.options = options or RuntimeOptions()
+        self.device = self._resolve(device)
+        self.ort_device = "cuda" if self.device == "cuda" else "cpu"
+        self.device_id = self.options.device_id if self.device == "cuda" else 0
+
+    def _providers(self, device: str) -> list:
+        if device != "cuda":
+            return ["CPUExecutionProvider"]
+        o = self.options
+        cuda = {
+            "device_id": o.device_id,
+            "arena_extend_strategy": o.arena_extend_strategy,
+            "cudnn_conv_algo_search": o.cudnn_conv_algo_search,
+            "do_copy_in_default_stream": True,
+        }
+        if o.gpu_mem_limit_bytes:
+            cuda["gpu_mem_limit"] = o.gpu_mem_limit_bytes
+        return [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+    def _cuda_works(self) -> str | None:
+        reason = cuda_missing_reason()
+        if reason:
+            return reason
+        try:
+            sess = ort.InferenceSession(_probe_model(), providers=self._providers("cuda"))
+        except Exception as exc:  # the CUDA EP raises on missing libraries or devices
+            return f"the CUDA execution provider failed to start: {exc}"
+        if sess.get_providers()[0] != "CUDAExecutionProvider":
+            return "ONNX Runtime fell back to the CPU when asked for CUDA (missing CUDA/cuDNN libraries or no GPU visible)"
+        return None
+
+    def _resolve(self, device: DeviceRequest) -> str:
+        if device == "cpu":
+            return "cpu"
+        reason = self._cuda_works()
+        if reason is None:
+            return "cuda"
+        if device == "cuda":
+            raise DeviceError(f"--device cuda was requested but cannot be used: {reason}. Use --device cpu or auto to run on the CPU.")
+        log.info("device auto: using the CPU (%s)", reason)
+        return "cpu"
+
+    def session(self, path: Path | bytes) -> ort.InferenceSession:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = self.options.intra_op_threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        model = str(path) if isinstance(path, Path) else path
+        sess = ort.InferenceSession(model, sess_options=so, providers=self._providers(self.device))
+        if self.device == "cuda" and sess.get_providers()[0] != "CUDAExecutionProvider":
+            raise DeviceError(f"{path}: the session did not get the CUDA execution provider")
+        return sess
+
+    def to_device(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.ort_device, self.device_id)
+
+    def bind_out(self, binding: ort.IOBinding, name: str) -> None:
+        """Output allocated on the device: it never visits the host unless asked for."""
+        binding.bind_output(name, self.ort_device, self.device_id)

@@ -1,0 +1,352 @@
+"""Builds random-weight models with CosyVoice2's stage graph, tensor names and rates.
+
+`tiny` is the bundled model (a few MB, committed, used by `make demo` and the tests). Its weights are
+random, so its audio is noise-like: it exercises every stage, shape and scheduling path of a real
+CosyVoice2 export, not speech quality. The output is deterministic: the same preset and seed give
+the same bytes.
+
+    cosyvoice-server generate-model --preset tiny --out models/tiny
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import yaml
+
+from .graph import GraphBuilder, i64
+
+SAMPLE_RATE = 24000
+MEL_BINS = 80
+HOP_SAMPLES = 480  # one mel frame; 2 frames per speech token -> 960 samples per token
+SPK_DIM = 192
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    # LLM (Qwen2-style decoder)
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mlp: int
+    speech_vocab: int
+    rope_theta: float
+    eos_bias: float
+    # flow
+    flow_dim: int
+    estimator_channels: int
+    # vocoder upsampling channels (x8, x5, x3, then x4 sub-pixel = 480 samples per frame)
+    vocoder_channels: tuple[int, int, int, int]
+    first_hop_tokens: int
+    max_hop_tokens: int
+    max_text_tokens_per_segment: int
+    n_timesteps: int
+    fp16: bool
+
+
+PRESETS = {
+    "tiny": Preset(
+        name="cosyvoice2-tiny",
+        hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, speech_vocab=512, rope_theta=1e6, eos_bias=2.0,
+        flow_dim=32, estimator_channels=48, vocoder_channels=(48, 32, 16, 8),
+        first_hop_tokens=25, max_hop_tokens=100, max_text_tokens_per_segment=80, n_timesteps=10, fp16=True,
+    ),
+}
+
+SPECIAL_TOKENS = 3  # CosyVoice2 speech vocabulary: tokens, then eos (= speech_vocab) and two fill tokens
+
+
+class _Init:
+    """Deterministic weight source: each tensor draws from one seeded generator in build order."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def w(self, *shape: int, fan_in: int | None = None) -> np.ndarray:
+        fan = fan_in if fan_in is not None else shape[0]
+        return (self.rng.standard_normal(shape) / np.sqrt(fan)).astype(np.float32)
+
+    def zeros(self, *shape: int) -> np.ndarray:
+        return np.zeros(shape, np.float32)
+
+
+def build_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """One decoder forward over new positions with a KV cache; returns last-position logits.
+
+    Inputs: inputs_embeds[B,S,H], attention_mask[B,P+S] (1 = real, 0 = left padding),
+    position_ids[B,S], past_key_values.{i}.key/value[B,kv_heads,P,head_dim].
+    Outputs: logits[B,V], present.{i}.key/value[B,kv_heads,P+S,head_dim].
+    """
+    head_dim = p.hidden // p.heads
+    rep = p.heads // p.kv_heads
+    vocab = p.speech_vocab + SPECIAL_TOKENS
+    g = GraphBuilder("llm")
+    x = g.input("inputs_embeds", "float32", ["batch", "seq", p.hidden])
+    am = g.input("attention_mask", "int64", ["batch", "total"])
+    pos = g.input("position_ids", "int64", ["batch", "seq"])
+    pasts = []
+    for i in range(p.layers):
+        pasts.append(
+            (
+                g.input(f"past_key_values.{i}.key", "float32", ["batch", p.kv_heads, "past", head_dim]),
+                g.input(f"past_key_values.{i}.value", "float32", ["batch", p.kv_heads, "past", head_dim]),
+            )
+        )
+
+    # Additive mask [B,1,S,T]: causal over absolute positions, and left padding masked out.
+    total = g.op("Squeeze", [g.shape_of(am, 1, 2)])
+    seq = g.op("Squeeze", [g.shape_of(x, 1, 2)])
+    past_len = g.op("Sub", [total, seq])
+    k_idx = g.op("Range", [g.const(np.int64(0)), total, g.const(np.int64(1))])
+    q_idx = g.op("Add", [g.op("Range", [g.const(np.int64(0)), seq, g.const(np.int64(1))]), past_len])
+    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [k_idx, g.const(i64(0))]), g.op("Unsqueeze", [q_idx, g.const(i64(1))])])
+    pad_ok = g.op("Unsqueeze", [g.op("Cast", [am], to=onnx.TensorProto.BOOL), g.const(i64(1, 2))])
+    allowed = g.op("And", [causal, pad_ok])
+    mask_add = g.op("Where", [allowed, g.const(np.float32(0.0)), g.const(np.float32(-1e4))])
+
+    # Rotary embeddings from per-row positions (rows of a batch are at different positions).
+    inv_freq = (1.0 / (p.rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+    posf = g.op("Unsqueeze", [g.op("Cast", [pos], to=onnx.TensorProto.FLOAT), g.const(i64(-1))])
+    freqs = g.op("Mul", [posf, g.const(inv_freq)])
+    emb = g.op("Unsqueeze", [g.op("Concat", [freqs, freqs], axis=-1), g.const(i64(1))])
+    cos, sin = g.op("Cos", [emb]), g.op("Sin", [emb])
+
+    def rope(t: str) -> str:
+        a, b = g.op("Split", [t], n_out=2, axis=-1, num_outputs=2)
+        rotated = g.op("Concat", [g.op("Neg", [b]), a], axis=-1)
+        return g.op("Add", [g.op("Mul", [t, cos]), g.op("Mul", [rotated, sin])])
+
+    def heads(t: str, n: int) -> str:
+        return g.op("Transpose", [g.op("Reshape", [t, g.const(i64(0, 0, n, head_dim))])], perm=[0, 2, 1, 3])
+
+    def repeat_kv(t: str) -> str:
+        # [B,kv,T,d] -> [B,kv*rep,T,d] (grouped-query attention, as Qwen2)
+        shp = g.op("Concat", [g.shape_of(t, 0, 2), g.const(i64(rep)), g.shape_of(t, 2, 4)], axis=0)
+        expanded = g.op("Expand", [g.op("Unsqueeze", [t, g.const(i64(2))]), shp])
+        return g.op("Reshape", [expanded, g.const(i64(0, p.heads, -1, head_dim))])
+
+    h = x
+    weights: dict[str, np.ndarray] = {}
+    for i in range(p.layers):
+        hn = g.rms_norm(h, np.ones(p.hidden, np.float32), f"layers.{i}.input_layernorm")
+        q = rope(heads(g.linear(hn, init.w(p.hidden, p.hidden), init.zeros(p.hidden), f"layers.{i}.q_proj"), p.heads))
+        kv_dim = p.kv_heads * head_dim
+        k = rope(heads(g.linear(hn, init.w(p.hidden, kv_dim), init.zeros(kv_dim), f"layers.{i}.k_proj"), p.kv_heads))
+        v = heads(g.linear(hn, init.w(p.hidden, kv_dim), init.zeros(kv_dim), f"layers.{i}.v_proj"), p.kv_heads)
+        pk = g.op("Concat", [pasts[i][0], k], axis=2)
+        pv = g.op("Concat", [pasts[i][1], v], axis=2)
+        g.output(pk, f"present.{i}.key", "float32", ["batch", p.kv_heads, "total", head_dim])
+        g.output(pv, f"present.{i}.value", "float32", ["batch", p.kv_heads, "total", head_dim])
+        scores = g.op("MatMul", [q, g.op("Transpose", [repeat_kv(pk)], perm=[0, 1, 3, 2])])
+        scores = g.op("Add", [g.op("Mul", [scores, g.const(np.float32(1.0 / np.sqrt(head_dim)))]), mask_add])
+        attn = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), repeat_kv(pv)])
+        attn = g.op("Reshape", [g.op("Transpose", [attn], perm=[0, 2, 1, 3]), g.const(i64(0, 0, -1))])
+        h = g.op("Add", [h, g.linear(attn, init.w(p.hidden, p.hidden), None, f"layers.{i}.o_proj")])
+        hn = g.rms_norm(h, np.ones(p.hidden, np.float32), f"layers.{i}.post_attention_layernorm")
+        gate = g.linear(hn, init.w(p.hidden, p.mlp), None, f"layers.{i}.gate_proj")
+        up = g.linear(hn, init.w(p.hidden, p.mlp), None, f"layers.{i}.up_proj")
+        h = g.op("Add", [h, g.linear(g.op("Mul", [g.silu(gate), up]), init.w(p.mlp, p.hidden), None, f"layers.{i}.down_proj")])
+    h = g.rms_norm(h, np.ones(p.hidden, np.float32), "norm")
+    last = g.op("Squeeze", [g.op("Slice", [h, g.const(i64(-1)), g.const(i64(2**62)), g.const(i64(1))]), g.const(i64(1))])
+    head_bias = init.zeros(vocab)
+    # Random weights never choose to stop; a fixed bias on eos gives utterances of plausible length.
+    head_bias[p.speech_vocab] = p.eos_bias
+    logits = g.linear(last, init.w(p.hidden, vocab), head_bias, "llm_decoder")
+    g.output(logits, "logits", "float32", ["batch", vocab])
+
+    # Embedding tables stay outside the graph (numpy lookups on the host): a real Qwen2 text table is
+    # 151936 x 896 and would otherwise be copied into every step's graph inputs.
+    weights["text_embedding"] = init.w(256, p.hidden, fan_in=1) * 0.5
+    weights["speech_embedding"] = init.w(vocab, p.hidden, fan_in=1) * 0.5
+    weights["llm_embedding"] = init.w(2, p.hidden, fan_in=1) * 0.5  # sos_eos, task_id
+    return g.model("CosyVoice2-style LLM decoder step with KV cache (random weights)"), weights
+
+
+def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
+    """Speech tokens -> mu[B,80,2N] (token_mel_ratio 2), speaker embedding -> spks[B,80]."""
+    d = p.flow_dim
+    g = GraphBuilder("flow_encoder")
+    tok = g.input("token", "int64", ["batch", "tokens"])
+    tok_len = g.input("token_len", "int64", ["batch"])
+    spk = g.input("embedding", "float32", ["batch", SPK_DIM])
+    n = g.op("Squeeze", [g.shape_of(tok, 1, 2)])
+    valid = g.op("Less", [g.op("Unsqueeze", [g.op("Range", [g.const(np.int64(0)), n, g.const(np.int64(1))]), g.const(i64(0))]),
+                          g.op("Unsqueeze", [tok_len, g.const(i64(1))])])
+    maskf = g.op("Unsqueeze", [g.op("Cast", [valid], to=onnx.TensorProto.FLOAT), g.const(i64(1))])  # [B,1,N]
+    emb = g.op("Gather", [g.const(init.w(p.speech_vocab + SPECIAL_TOKENS, d, fan_in=1) * 0.5, "input_embedding"), tok])
+    h = g.op("Mul", [g.op("Transpose", [emb], perm=[0, 2, 1]), maskf])  # [B,D,N]
+    # Pre-lookahead: each token also sees the next 3 (CosyVoice2's PreLookaheadLayer), pad on the right.
+    la = g.op("Pad", [h, g.const(i64(0, 0, 0, 0, 0, 3))])
+    la = g.op("LeakyRelu", [g.op("Conv", [la, g.const(init.w(d, d, 4, fan_in=4 * d), "pre_lookahead.weight"),
+                                          g.const(init.zeros(d), "pre_lookahead.bias")])], alpha=0.01)
+    h = g.op("Add", [h, la])
+    h = g.silu(g.conv1d(h, init.w(d, d, 3, fan_in=3 * d), init.zeros(d), 1, "encoder.conv"))
+    # Upsample x2 to the mel frame rate.
+    up_shape = g.op("Concat", [g.shape_of(h, 0, 3), g.const(i64(2))], axis=0)
+    h = g.op("Reshape", [g.op("Expand", [g.op("Unsqueeze", [h, g.const(i64(3))]), up_shape]), g.const(i64(0, 0, -1))])
+    m2 = g.op("Reshape", [g.op("Expand", [g.op("Unsqueeze", [maskf, g.const(i64(3))]),
+                                           g.op("Concat", [g.shape_of(maskf, 0, 3), g.const(i64(2))], axis=0)]),
+                          g.const(i64(0, 0, -1))])
+    mu = g.op("Mul", [g.conv1d(h, init.w(MEL_BINS, d, 1, fan_in=d), init.zeros(MEL_BINS), 0, "encoder_proj"), m2])
+    g.output(mu, "mu", "float32", ["batch", MEL_BINS, "frames"])
+    spk_n = g.op("LpNormalization", [spk], axis=1, p=2)
+    spks = g.linear(spk_n, init.w(SPK_DIM, MEL_BINS, fan_in=1) * 0.2, init.zeros(MEL_BINS), "spk_embed_affine_layer")
+    g.output(spks, "spks", "float32", ["batch", MEL_BINS])
+    return g.model("CosyVoice2-style flow token encoder (random weights)")
+
+
+def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
+    """The flow-matching estimator with CosyVoice's export names: x, mask, mu, t, spks, cond -> estimator_out."""
+    c = p.estimator_channels
+    g = GraphBuilder("estimator")
+    x = g.input("x", "float32", ["batch", MEL_BINS, "frames"])
+    mask = g.input("mask", "float32", ["batch", 1, "frames"])
+    mu = g.input("mu", "float32", ["batch", MEL_BINS, "frames"])
+    t = g.input("t", "float32", ["batch"])
+    spks = g.input("spks", "float32", ["batch", MEL_BINS])
+    cond = g.input("cond", "float32", ["batch", MEL_BINS, "frames"])
+    spk_b = g.op("Expand", [g.op("Unsqueeze", [spks, g.const(i64(2))]), g.op("Shape", [x])])
+    h = g.op("Concat", [x, mu, spk_b, cond], axis=1)  # 320 input channels, as CosyVoice2's decoder
+    h = g.conv1d(h, init.w(c, 4 * MEL_BINS, 3, fan_in=3 * 4 * MEL_BINS), init.zeros(c), 1, "down.conv")
+    half = 16
+    freqs = (np.exp(-np.log(10000.0) * np.arange(half) / half) * 1000.0).astype(np.float32)
+    targ = g.op("Mul", [g.op("Unsqueeze", [t, g.const(i64(1))]), g.const(freqs)])
+    temb = g.op("Concat", [g.op("Sin", [targ]), g.op("Cos", [targ])], axis=-1)
+    temb = g.linear(g.silu(g.linear(temb, init.w(2 * half, c), init.zeros(c), "time_mlp.0")), init.w(c, c), init.zeros(c), "time_mlp.1")
+    h = g.op("Mul", [g.silu(g.op("Add", [h, g.op("Unsqueeze", [temb, g.const(i64(2))])])), mask])
+    h = g.op("Mul", [g.silu(g.conv1d(h, init.w(c, c, 3, fan_in=3 * c), init.zeros(c), 1, "mid.conv")), mask])
+    out = g.op("Mul", [g.conv1d(h, init.w(MEL_BINS, c, 3, fan_in=3 * c), init.zeros(MEL_BINS), 1, "final_proj"), mask])
+    g.output(out, "estimator_out", "float32", ["batch", MEL_BINS, "frames"])
+    return g.model("CosyVoice2-style flow-matching estimator (random weights)")
+
+
+def build_vocoder(p: Preset, init: _Init) -> onnx.ModelProto:
+    """mel[B,80,T] -> waveform[B,T*480] at 24 kHz (x8, x5, x3 transposed convs, then a x4 sub-pixel stage)."""
+    c0, c1, c2, c3 = p.vocoder_channels
+    g = GraphBuilder("hift")
+    mel = g.input("speech_feat", "float32", ["batch", MEL_BINS, "frames"])
+    h = g.op("LeakyRelu", [g.conv1d(mel, init.w(c0, MEL_BINS, 7, fan_in=7 * MEL_BINS), init.zeros(c0), 3, "conv_pre")], alpha=0.1)
+    for i, (cin, cout, s) in enumerate([(c0, c1, 8), (c1, c2, 5), (c2, c3, 3)]):
+        h = g.op("LeakyRelu", [g.conv_transpose1d(h, init.w(cin, cout, s, fan_in=cin), init.zeros(cout), s, f"ups.{i}")], alpha=0.1)
+    h = g.conv1d(h, init.w(4, c3, 1, fan_in=c3), init.zeros(4), 0, "conv_post")
+    wav = g.op("Reshape", [g.op("Transpose", [h], perm=[0, 2, 1]), g.const(i64(0, -1))])
+    wav = g.op("Mul", [g.op("Tanh", [wav]), g.const(np.float32(0.5))])
+    g.output(wav, "waveform", "float32", ["batch", "samples"])
+    return g.model("CosyVoice2-style vocoder, mel -> 24 kHz waveform (random weights)")
+
+
+def _byte_level_tokenizer() -> str:
+    """A byte-level BPE tokenizer with no merges (256 tokens), in the same tokenizer.json format as
+    Qwen2's, so a real CosyVoice2 export's tokenizer loads through the same code."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return json.dumps(json.loads(tok.to_str()), indent=1, sort_keys=True)
+
+
+def _voices(p: Preset, init: _Init) -> dict[str, dict[str, np.ndarray]]:
+    voices = {}
+    for name, prompt_tokens in [("default", 0), ("bright", 0), ("warm", 12)]:
+        emb = init.rng.standard_normal(SPK_DIM).astype(np.float32)
+        tokens = init.rng.integers(0, p.speech_vocab, prompt_tokens).astype(np.int64)
+        voices[name] = {
+            "embedding": emb,
+            "prompt_text_tokens": init.rng.integers(0, 256, prompt_tokens // 2).astype(np.int64),
+            "prompt_speech_tokens": tokens,
+            "prompt_mel": (init.rng.standard_normal((2 * prompt_tokens, MEL_BINS)) * 0.5).astype(np.float32),
+        }
+    return voices
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    # np.savez stores zip timestamps of "now"; write members in a fixed order with a fixed date instead.
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for key in sorted(arrays):
+            buf = io.BytesIO()
+            np.save(buf, arrays[key], allow_pickle=False)
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(2026, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, buf.getvalue())
+
+
+def _fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    # Inputs and outputs stay float32 so the engine feeds both precisions the same way.
+    return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
+
+
+def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
+    p = PRESETS[preset]
+    out.mkdir(parents=True, exist_ok=True)
+    init = _Init(seed)
+    llm, emb = build_llm(p, init)
+    models = {
+        "llm": llm,
+        "flow_encoder": build_flow_encoder(p, init),
+        "flow.decoder.estimator": build_estimator(p, init),
+        "hift": build_vocoder(p, init),
+    }
+    files: dict[str, dict[str, str]] = {}
+    for stem, model in models.items():
+        files[stem] = {"fp32": f"{stem}.fp32.onnx"}
+        onnx.save(model, out / files[stem]["fp32"])
+        if p.fp16:
+            files[stem]["fp16"] = f"{stem}.fp16.onnx"
+            onnx.save(_fp16(model), out / files[stem]["fp16"])
+    _save_npz(out / "llm_embeddings.npz", emb)
+    (out / "tokenizer.json").write_text(_byte_level_tokenizer() + "\n")
+    (out / "voices").mkdir(exist_ok=True)
+    for name, arrays in _voices(p, init).items():
+        _save_npz(out / "voices" / f"{name}.npz", arrays)
+
+    manifest = {
+        "format": "cosyvoice2-onnx/v1",
+        "name": p.name,
+        "description": "Random weights with CosyVoice2's structure: audio is noise-like, for testing serving only.",
+        "sample_rate": SAMPLE_RATE,
+        "token_rate": 25,
+        "mel_rate": 50,
+        "hop_samples": HOP_SAMPLES,
+        "frontend": {"tokenizer": "tokenizer.json", "max_text_tokens_per_segment": p.max_text_tokens_per_segment},
+        "llm": {
+            "files": files["llm"],
+            "embeddings": "llm_embeddings.npz",
+            "hidden_size": p.hidden,
+            "num_layers": p.layers,
+            "num_kv_heads": p.kv_heads,
+            "head_dim": p.hidden // p.heads,
+            "speech_token_size": p.speech_vocab,
+            "sampling": {"top_k": 25, "top_p": 0.8, "win_size": 10, "tau_r": 0.1},
+            "min_token_text_ratio": 2,
+            "max_token_text_ratio": 20,
+        },
+        "flow": {
+            "encoder": {"files": files["flow_encoder"]},
+            "estimator": {"files": files["flow.decoder.estimator"]},
+            "n_timesteps": p.n_timesteps,
+            "cfg_rate": 0.7,
+            "pre_lookahead_tokens": 3,
+            "mel_bins": MEL_BINS,
+            "spk_embed_dim": SPK_DIM,
+        },
+        "vocoder": {"files": files["hift"]},
+        "streaming": {"first_hop_tokens": p.first_hop_tokens, "max_hop_tokens": p.max_hop_tokens, "crossfade_frames": 2},
+        "voices": {"dir": "voices", "default": "default"},
+        "generator": {"preset": preset, "seed": seed, **{k: v for k, v in asdict(p).items() if k in ("hidden", "layers")}},
+    }
+    (out / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return out

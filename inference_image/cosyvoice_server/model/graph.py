@@ -1,0 +1,107 @@
+"""A small ONNX graph builder over `onnx.helper`.
+
+Used by the model generator (random-weight CosyVoice2-structured models) and by the engine's
+on-device tensor operations (KV-cache re-layout, Euler updates). Names are deterministic so a
+generated model is byte-for-byte reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 18
+
+DTYPES = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "int64": TensorProto.INT64,
+    "int32": TensorProto.INT32,
+    "bool": TensorProto.BOOL,
+}
+
+
+class GraphBuilder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._n = 0
+
+    def _fresh(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def input(self, name: str, dtype: str, shape: Sequence[int | str | None]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, DTYPES[dtype], list(shape)))
+        return name
+
+    def output(self, value: str, name: str, dtype: str, shape: Sequence[int | str | None]) -> str:
+        if value != name:
+            self.nodes.append(helper.make_node("Identity", [value], [name]))
+        self.outputs.append(helper.make_tensor_value_info(name, DTYPES[dtype], list(shape)))
+        return name
+
+    def const(self, array: np.ndarray, hint: str = "c") -> str:
+        name = self._fresh(hint)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, n_out: int = 1, **attrs) -> str | list[str]:
+        outs = [self._fresh(hint or op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    # Layers used by the generated models -------------------------------------------------
+    def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None = None, hint: str = "linear") -> str:
+        """x[..., in] @ weight[in, out] (+ bias)."""
+        y = self.op("MatMul", [x, self.const(weight.astype(np.float32), f"{hint}.weight")], hint)
+        if bias is not None:
+            y = self.op("Add", [y, self.const(bias.astype(np.float32), f"{hint}.bias")], hint)
+        return y
+
+    def conv1d(self, x: str, weight: np.ndarray, bias: np.ndarray, pad: int, hint: str = "conv") -> str:
+        return self.op(
+            "Conv",
+            [x, self.const(weight.astype(np.float32), f"{hint}.weight"), self.const(bias.astype(np.float32), f"{hint}.bias")],
+            hint,
+            pads=[pad, pad],
+        )
+
+    def conv_transpose1d(self, x: str, weight: np.ndarray, bias: np.ndarray, stride: int, hint: str = "up") -> str:
+        return self.op(
+            "ConvTranspose",
+            [x, self.const(weight.astype(np.float32), f"{hint}.weight"), self.const(bias.astype(np.float32), f"{hint}.bias")],
+            hint,
+            strides=[stride],
+        )
+
+    def rms_norm(self, x: str, weight: np.ndarray, hint: str = "norm", eps: float = 1e-6) -> str:
+        """Qwen2's RMSNorm, written out because opset 18 has no RMSNormalization."""
+        ms = self.op("ReduceMean", [self.op("Mul", [x, x]), self.const(i64(-1))], hint, keepdims=1)
+        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(np.float32(eps))])])])
+        return self.op("Mul", [self.op("Mul", [x, inv]), self.const(weight.astype(np.float32), f"{hint}.weight")], hint)
+
+    def silu(self, x: str) -> str:
+        return self.op("Mul", [x, self.op("Sigmoid", [x])], "silu")
+
+    def shape_of(self, x: str, start: int, end: int | None = None) -> str:
+        attrs = {"start": start} if end is None else {"start": start, "end": end}
+        return self.op("Shape", [x], "shape", **attrs)
+
+    def model(self, doc: str = "", producer: str = "cosyvoice-server") -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name=producer)
+        model.ir_version = 9
+        model.doc_string = doc
+        onnx.checker.check_model(model)
+        return model
+
+
+def i64(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)

@@ -1,0 +1,224 @@
+"""The model repository format (`model.yaml`) and its validation.
+
+A model directory holds one CosyVoice2 stage graph:
+
+    model.yaml                          this manifest
+    tokenizer.json                      text tokenizer (HF `tokenizers` format; Qwen2's for CosyVoice2)
+    llm.<precision>.onnx                decoder step with KV cache (see README "Model repository")
+    llm_embeddings.npz                  text_embedding, speech_embedding, llm_embedding tables
+    flow_encoder.<precision>.onnx       speech tokens -> mu, speaker embedding -> spks
+    flow.decoder.estimator.<p>.onnx     x, mask, mu, t, spks, cond -> estimator_out
+    hift.<precision>.onnx               speech_feat -> waveform (24 kHz)
+    voices/<name>.npz                   embedding, prompt_text_tokens, prompt_speech_tokens, prompt_mel
+
+Loading checks every file exists and every ONNX graph has the inputs and outputs, element types
+and ranks the engine feeds it; errors name the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import onnx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Precision = Literal["fp32", "fp16", "int8"]
+
+
+class ModelLoadError(Exception):
+    """The model directory is unusable; the message names the file and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageFiles(_Strict):
+    files: dict[Precision, str] = Field(description="ONNX file per precision; fp32 is required")
+
+    @model_validator(mode="after")
+    def _needs_fp32(self) -> StageFiles:
+        if "fp32" not in self.files:
+            raise ValueError("files must include an fp32 entry")
+        return self
+
+
+class Sampling(_Strict):
+    top_k: int = Field(25, ge=1)
+    top_p: float = Field(0.8, gt=0, le=1)
+    win_size: int = Field(10, ge=1)
+    tau_r: float = Field(0.1, gt=0, le=1)
+
+
+class Frontend(_Strict):
+    tokenizer: str = "tokenizer.json"
+    max_text_tokens_per_segment: int = Field(80, ge=8)
+
+
+class LLM(StageFiles):
+    embeddings: str
+    hidden_size: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    speech_token_size: int = Field(ge=2, description="speech vocabulary; eos = speech_token_size")
+    sampling: Sampling = Sampling()
+    min_token_text_ratio: float = Field(2, ge=0)
+    max_token_text_ratio: float = Field(20, gt=0)
+
+
+class Flow(_Strict):
+    encoder: StageFiles
+    estimator: StageFiles
+    n_timesteps: int = Field(10, ge=1, le=100)
+    cfg_rate: float = Field(0.7, ge=0)
+    pre_lookahead_tokens: int = Field(3, ge=0)
+    mel_bins: int = 80
+    spk_embed_dim: int = 192
+
+
+class Streaming(_Strict):
+    first_hop_tokens: int = Field(25, ge=1)
+    max_hop_tokens: int = Field(100, ge=1)
+    crossfade_frames: int = Field(2, ge=0, description="mel frames (480 samples each) cross-faded at chunk seams")
+
+
+class Voices(_Strict):
+    dir: str = "voices"
+    default: str
+
+
+class Manifest(_Strict):
+    format: Literal["cosyvoice2-onnx/v1"]
+    name: str = Field(min_length=1)
+    description: str = ""
+    sample_rate: int = 24000
+    token_rate: int = 25
+    mel_rate: int = 50
+    hop_samples: int = 480
+    frontend: Frontend = Frontend()
+    llm: LLM
+    flow: Flow
+    vocoder: StageFiles
+    streaming: Streaming = Streaming()
+    voices: Voices
+    generator: dict | None = None
+
+    @property
+    def token_mel_ratio(self) -> int:
+        return self.mel_rate // self.token_rate
+
+    @property
+    def samples_per_token(self) -> int:
+        return self.hop_samples * self.token_mel_ratio
+
+    @model_validator(mode="after")
+    def _rates(self) -> Manifest:
+        if self.mel_rate % self.token_rate or self.sample_rate != self.mel_rate * self.hop_samples:
+            raise ValueError(
+                f"rates disagree: sample_rate {self.sample_rate} must equal mel_rate {self.mel_rate} x hop_samples "
+                f"{self.hop_samples}, and mel_rate must be a multiple of token_rate {self.token_rate}"
+            )
+        return self
+
+
+# What the engine feeds each graph: name -> (element type, rank). Outputs likewise.
+def _llm_io(m: Manifest) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
+    ins = {"inputs_embeds": ("float", 3), "attention_mask": ("int64", 2), "position_ids": ("int64", 2)}
+    outs = {"logits": ("float", 2)}
+    for i in range(m.llm.num_layers):
+        for kind in ("key", "value"):
+            ins[f"past_key_values.{i}.{kind}"] = ("float", 4)
+            outs[f"present.{i}.{kind}"] = ("float", 4)
+    return ins, outs
+
+
+STAGE_IO = {
+    "flow encoder": (
+        {"token": ("int64", 2), "token_len": ("int64", 1), "embedding": ("float", 2)},
+        {"mu": ("float", 3), "spks": ("float", 2)},
+    ),
+    "flow estimator": (
+        {"x": ("float", 3), "mask": ("float", 3), "mu": ("float", 3), "t": ("float", 1), "spks": ("float", 2), "cond": ("float", 3)},
+        {"estimator_out": ("float", 3)},
+    ),
+    "vocoder": ({"speech_feat": ("float", 3)}, {"waveform": ("float", 2)}),
+}
+
+_ELEM = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT64: "int64",
+         onnx.TensorProto.INT32: "int32"}
+
+
+def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]]) -> None:
+    """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, OSError, ... for a corrupt file
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({exc.__class__.__name__}: {exc})") from exc
+    init_names = {t.name for t in model.graph.initializer}
+    have_in = {v.name: v for v in model.graph.input if v.name not in init_names}
+    have_out = {v.name: v for v in model.graph.output}
+    for kind, want, have in (("input", inputs, have_in), ("output", outputs, have_out)):
+        missing = sorted(set(want) - set(have))
+        if missing:
+            raise ModelLoadError(
+                f"{path}: the {stage} graph lacks {kind}(s) {', '.join(missing)}; it has {', '.join(sorted(have)) or 'none'}"
+            )
+        for name, (elem, rank) in want.items():
+            t = have[name].type.tensor_type
+            got_elem = _ELEM.get(t.elem_type, str(t.elem_type))
+            got_rank = len(t.shape.dim) if t.HasField("shape") else rank
+            if got_elem != elem or got_rank != rank:
+                raise ModelLoadError(
+                    f"{path}: {stage} {kind} '{name}' is {got_elem} rank {got_rank}, expected {elem} rank {rank}"
+                )
+    extra = sorted(set(have_in) - set(inputs))
+    if extra:
+        raise ModelLoadError(f"{path}: the {stage} graph has unexpected input(s) {', '.join(extra)}")
+
+
+def load_manifest(model_dir: Path) -> Manifest:
+    path = model_dir / "model.yaml"
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"{model_dir}: model directory does not exist")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: missing; a model directory needs a model.yaml manifest (see README)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ModelLoadError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise ModelLoadError(f"{path}: {problems}") from exc
+
+
+def stage_file(model_dir: Path, stage: StageFiles, precision: Precision, what: str) -> Path:
+    if precision not in stage.files:
+        raise ModelLoadError(
+            f"{model_dir / 'model.yaml'}: {what} has no {precision} file (available: {', '.join(sorted(stage.files))})"
+        )
+    path = model_dir / stage.files[precision]
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: missing ({what}, {precision})")
+    return path
+
+
+def validate_model_dir(model_dir: Path, precision: Precision = "fp32") -> Manifest:
+    """Loads the manifest and checks every file it names; used at start-up before any session is built."""
+    m = load_manifest(model_dir)
+    llm_in, llm_out = _llm_io(m)
+    check_onnx_io(stage_file(model_dir, m.llm, precision, "llm"), "llm", llm_in, llm_out)
+    check_onnx_io(stage_file(model_dir, m.flow.encoder, precision, "flow.encoder"), "flow encoder", *STAGE_IO["flow encoder"])
+    check_onnx_io(stage_file(model_dir, m.flow.estimator, precision, "flow.estimator"), "flow estimator", *STAGE_IO["flow estimator"])
+    check_onnx_io(stage_file(model_dir, m.vocoder, precision, "vocoder"), "vocoder", *STAGE_IO["vocoder"])
+    for rel, what in ((m.frontend.tokenizer, "tokenizer"), (m.llm.embeddings, "LLM embeddings")):
+        if not (model_dir / rel).is_file():
+            raise ModelLoadError(f"{model_dir / rel}: missing ({what})")
+    vdir = model_dir / m.voices.dir
+    if not (vdir / f"{m.voices.default}.npz").is_file():
+        raise ModelLoadError(f"{vdir / (m.voices.default + '.npz')}: missing (the default voice named in model.yaml)")
+    return m

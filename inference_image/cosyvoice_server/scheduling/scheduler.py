@@ -1,0 +1,315 @@
+"""The three-stage scheduler: continuous batching for the LLM, chunk batching for flow and vocoder.
+
+Each stage runs in its own thread, so the GPU (or CPU cores) overlap LLM decode steps with flow and
+vocoder work for earlier chunks. The LLM batch changes between decode steps: waiting requests join
+(prefilled together, then merged into the running KV cache) and finished, cancelled or expired ones
+leave. Admission is bounded; a full server answers 429 at once instead of queueing without limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.flow import FlowChunk
+from ..engine.llm import Batch, Sequence
+from ..engine.pipeline import Pipeline
+from ..metrics import Metrics
+from ..streaming import stretch_mel
+from .batching import StageQueue, WorkItem
+from .request import Done, Outcome, SynthesisRequest
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(Exception):
+    def __init__(self, retry_after_s: int, capacity: int) -> None:
+        super().__init__(f"the server is at capacity ({capacity} requests in flight); retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 16
+    max_queue_delay_ms: float = 5.0
+    max_queue_size: int = 64
+
+    @property
+    def capacity(self) -> int:
+        """Requests in flight at once: a full running batch plus the waiting queue."""
+        return self.max_batch_size + self.max_queue_size
+
+
+@dataclass
+class _FlowWork:
+    chunk: FlowChunk | None  # None: no more audio, only the end of the stream
+    final: bool
+
+
+@dataclass
+class _VocoderWork:
+    mel: np.ndarray | None  # [80, context + chunk frames]; None: end of stream
+    context_frames: int
+    final: bool
+
+
+class Scheduler:
+    def __init__(self, pipeline: Pipeline, config: SchedulerConfig, metrics: Metrics) -> None:
+        self.p = pipeline
+        self.cfg = config
+        self.m = metrics
+        man = pipeline.manifest
+        self.hop = man.hop_samples
+        self.ratio = man.token_mel_ratio
+        self.overlap_frames = man.streaming.crossfade_frames
+        self.lookahead = man.flow.pre_lookahead_tokens
+        self._lock = threading.Condition()
+        self._waiting: deque[SynthesisRequest] = deque()
+        self._enqueued: dict[int, float] = {}
+        self._active: dict[int, SynthesisRequest] = {}
+        self._in_llm: set[int] = set()
+        self._in_flow: dict[int, int] = {}
+        self._flow_q = StageQueue()
+        self._voc_q = StageQueue()
+        self._stopping = False
+        self._avg_duration = 1.0
+        self._threads = [
+            threading.Thread(target=self._guard, args=(self._llm_loop, "llm"), name="stage-llm", daemon=True),
+            threading.Thread(target=self._guard, args=(self._flow_loop, "flow"), name="stage-flow", daemon=True),
+            threading.Thread(target=self._guard, args=(self._vocoder_loop, "vocoder"), name="stage-vocoder", daemon=True),
+        ]
+        metrics.max_batch.set(config.max_batch_size)
+        metrics.capacity.set(config.capacity)
+
+    # Lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        self._flow_q.close()
+        self._voc_q.close()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._active)
+
+    # Admission (event loop) -------------------------------------------------------------------
+    def retry_after(self) -> int:
+        waves = len(self._waiting) / max(1, self.cfg.max_batch_size) + 1
+        return int(min(60, max(1, math.ceil(self._avg_duration * waves))))
+
+    def submit(self, req: SynthesisRequest) -> None:
+        with self._lock:
+            if len(self._active) >= self.cfg.capacity:
+                raise Overloaded(self.retry_after(), self.cfg.capacity)
+            self._active[id(req)] = req
+            self._in_llm.add(id(req))
+            self._enqueued[id(req)] = time.monotonic()
+            self._waiting.append(req)
+            self.m.inflight.set(len(self._active))
+            self.m.queue_depth.labels("llm").set(len(self._waiting))
+            self._lock.notify_all()
+
+    def release(self, req: SynthesisRequest, outcome: Outcome) -> None:
+        """Frees the request's slot now; its remaining work is dropped by the stages."""
+        if req.finished is None:
+            req.finished = outcome
+        with self._lock:
+            if self._active.pop(id(req), None) is not None and outcome == Outcome.OK:
+                self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
+            self._in_llm.discard(id(req))
+            self._in_flow.pop(id(req), None)
+            self.m.inflight.set(len(self._active))
+            self._lock.notify_all()
+        self._flow_q.poke()
+        self._voc_q.poke()
+
+    def idle(self) -> bool:
+        return not self._active
+
+    # Workers ----------------------------------------------------------------------------------
+    def _guard(self, loop: Callable[[], None], stage: str) -> None:
+        while True:
+            try:
+                loop()
+                return
+            except Exception:  # a bug or a device error must not kill the stage for everyone
+                log.exception("stage %s failed; failing its in-flight requests", stage)
+                self._fail_stage(stage)
+
+    def _fail_stage(self, stage: str) -> None:
+        victims = list(self._active.values())
+        for req in victims:
+            req.push_done(Done(Outcome.FAILED, f"internal error in the {stage} stage"))
+            self.release(req, Outcome.FAILED)
+
+    def _sequence(self, req: SynthesisRequest) -> Sequence:
+        v = req.voice
+        return self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.prompt_speech_tokens, req.rng, req)
+
+    def _llm_loop(self) -> None:
+        llm = self.p.llm
+        batch: Batch | None = None
+        while True:
+            with self._lock:
+                while batch is None and not self._waiting and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                room = self.cfg.max_batch_size - (len(batch.seqs) if batch else 0)
+                arrivals = []
+                while self._waiting and len(arrivals) < room:
+                    req = self._waiting.popleft()
+                    waited = time.monotonic() - self._enqueued.pop(id(req), time.monotonic())
+                    if req.alive:
+                        arrivals.append(req)
+                        self.m.queue_wait.labels("llm").observe(waited)
+                self.m.queue_depth.labels("llm").set(len(self._waiting))
+            t0 = time.perf_counter()
+            if arrivals:
+                new = llm.prefill([self._sequence(r) for r in arrivals])
+                self._after_tokens(new.seqs)
+                batch = llm.merge(batch, new)
+            else:
+                assert batch is not None
+                self.m.batch_size.labels("llm").observe(len(batch.seqs))
+                llm.step(batch)
+                self._after_tokens(batch.seqs)
+            self.m.stage_compute.labels("llm").observe(time.perf_counter() - t0)
+            now = time.monotonic()
+            keep = [i for i, q in enumerate(batch.seqs) if not q.done and q.owner.alive and not q.owner.expired(now)]
+            batch = llm.keep(batch, keep)
+
+    def _after_tokens(self, seqs: list[Sequence]) -> None:
+        for q in seqs:
+            req: SynthesisRequest = q.owner
+            if not req.alive:
+                continue
+            fresh = q.tokens[len(req.tokens) - req.segment_offset :]
+            req.tokens.extend(fresh)
+            self.m.tokens.inc(len(fresh))
+            if q.done:
+                if req.segment + 1 < len(req.segments):
+                    req.segment += 1
+                    req.segment_offset = len(req.tokens)
+                    with self._lock:
+                        self._enqueued[id(req)] = time.monotonic()
+                        self._waiting.appendleft(req)  # next segment goes first: finish started work
+                else:
+                    req.llm_done = True
+                    with self._lock:
+                        self._in_llm.discard(id(req))
+                    self._flow_q.poke()
+            while (span := req.planner.next(len(req.tokens), req.llm_done)) is not None:
+                self._emit_flow(req, *span)
+            if req.llm_done and not req.final_sent:
+                self._queue_flow(req, _FlowWork(None, True))  # nothing left to synthesize: flush the tail
+
+    def _emit_flow(self, req: SynthesisRequest, start: int, end: int) -> None:
+        v = req.voice
+        look = req.tokens[end : end + self.lookahead]
+        tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(req.tokens[start:end] + look, np.int64)])
+        frames = len(tokens) * self.ratio
+        chunk = FlowChunk(
+            tokens=tokens,
+            prompt_frames=len(v.prompt_speech_tokens) * self.ratio,
+            out_frames=(end - start) * self.ratio,
+            embedding=v.embedding,
+            prompt_mel=v.prompt_mel,
+            noise=req.rng.standard_normal((80, frames)).astype(np.float32),
+        )
+        self._queue_flow(req, _FlowWork(chunk, req.llm_done and end == len(req.tokens)))
+
+    def _queue_flow(self, req: SynthesisRequest, work: _FlowWork) -> None:
+        req.final_sent = work.final
+        with self._lock:
+            self._in_flow[id(req)] = self._in_flow.get(id(req), 0) + 1
+        self._flow_q.put(WorkItem(req, work))
+        self.m.queue_depth.labels("flow").set(len(self._flow_q))
+
+    def _flow_upstream(self) -> set[int]:
+        with self._lock:
+            return set(self._in_llm)
+
+    def _vocoder_upstream(self) -> set[int]:
+        with self._lock:
+            return self._in_llm | set(self._in_flow)
+
+    def _live(self, items: list[WorkItem], stage: str) -> list[WorkItem]:
+        now = time.monotonic()
+        live = [i for i in items if i.request.alive and not i.request.expired(now)]
+        for i in live:
+            self.m.queue_wait.labels(stage).observe(now - i.enqueued)
+        return live
+
+    def _flow_loop(self) -> None:
+        delay = self.cfg.max_queue_delay_ms / 1000
+        while (items := self._flow_q.take_batch(self.cfg.max_batch_size, delay, self._flow_upstream)) is not None:
+            self.m.queue_depth.labels("flow").set(len(self._flow_q))
+            live = self._live(items, "flow")
+            t0 = time.perf_counter()
+            work = [i for i in live if i.payload.chunk is not None]
+            if work:
+                self.m.batch_size.labels("flow").observe(len(work))
+            mels = iter(self.p.flow.run([i.payload.chunk for i in work]) if work else [])
+            self.m.stage_compute.labels("flow").observe(time.perf_counter() - t0)
+            for item in live:
+                req: SynthesisRequest = item.request
+                if item.payload.chunk is None:
+                    self._voc_q.put(WorkItem(req, _VocoderWork(None, 0, True)))
+                    continue
+                mel = next(mels)
+                mel = stretch_mel(mel, req.speed)
+                context = req.mel_tail if req.mel_tail is not None else np.zeros((mel.shape[0], 0), np.float32)
+                req.mel_tail = mel[:, mel.shape[1] - min(self.overlap_frames, mel.shape[1]) :]
+                work = _VocoderWork(np.concatenate([context, mel], axis=1), context.shape[1], item.payload.final)
+                self._voc_q.put(WorkItem(req, work))
+            with self._lock:
+                for item in items:
+                    key = id(item.request)
+                    if key in self._in_flow:
+                        self._in_flow[key] -= 1
+                        if self._in_flow[key] <= 0:
+                            del self._in_flow[key]
+            self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
+            self._voc_q.poke()
+
+    def _vocoder_loop(self) -> None:
+        delay = self.cfg.max_queue_delay_ms / 1000
+        sr = self.p.sample_rate
+        while (items := self._voc_q.take_batch(self.cfg.max_batch_size, delay, self._vocoder_upstream)) is not None:
+            self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
+            live = self._live(items, "vocoder")
+            t0 = time.perf_counter()
+            work = [i for i in live if i.payload.mel is not None]
+            if work:
+                self.m.batch_size.labels("vocoder").observe(len(work))
+            wavs = iter(self.p.vocoder.run([i.payload.mel for i in work]) if work else [])
+            self.m.stage_compute.labels("vocoder").observe(time.perf_counter() - t0)
+            for item in live:
+                req: SynthesisRequest = item.request
+                w: _VocoderWork = item.payload
+                wav = next(wavs) if w.mel is not None else np.zeros(0, np.float32)
+                audio = req.stitcher.push(wav, w.context_frames * self.hop, w.final)
+                if len(audio):
+                    first = req.first_audio_at is None
+                    req.push_audio(audio)
+                    self.m.audio_seconds.inc(len(audio) / sr)
+                    if first:
+                        self.m.ttfa.observe(req.first_audio_at - req.created)
+                if w.final:
+                    req.push_done(Done(Outcome.OK))
+                    self.release(req, Outcome.OK)

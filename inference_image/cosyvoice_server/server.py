@@ -1,0 +1,74 @@
+"""Runs the app under uvicorn with a draining shutdown.
+
+On SIGTERM (what Kubernetes sends after preStop) the server keeps listening but turns /readyz and
+new speech requests to 503, lets every accepted request finish within `drain_timeout_s`, then
+exits 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import uvicorn
+
+from .app import create_app
+from .config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
+        super().__init__(config)
+        self.settings = settings
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def fatal(self, message: str) -> None:
+        self.exit_code = 1
+        self.should_exit = True
+
+    def handle_exit(self, sig: int, frame) -> None:
+        app_state = _app_state(self)
+        if sig not in (signal.SIGTERM, signal.SIGINT) or app_state is None or app_state.draining or not app_state.ready:
+            return super().handle_exit(sig, frame)
+        app_state.draining = True
+        app_state.set_ready(False)
+        log.info("signal %s: draining %d accepted request(s), up to %.0f s", signal.Signals(sig).name,
+                 app_state.scheduler.inflight, self.settings.drain_timeout_s)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(app_state)))
+
+    async def _drain(self, app_state) -> None:
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while not app_state.scheduler.idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = app_state.scheduler.inflight
+        if left:
+            log.warning("drain timeout: %d request(s) still in flight are cut off", left)
+        else:
+            log.info("drained; exiting")
+        self.should_exit = True
+
+
+def _app_state(server: uvicorn.Server):
+    app = server.config.app
+    return getattr(getattr(app, "state", None), "server", None)
+
+
+def run(settings: Settings) -> int:
+    holder: dict[str, DrainingServer] = {}
+    app = create_app(settings, on_fatal=lambda msg: holder["server"].fatal(msg))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=5, access_log=False)
+    server = DrainingServer(config, settings)
+    holder["server"] = server
+    server.run()
+    return server.exit_code

@@ -1,0 +1,83 @@
+"""What the HTTP layer shares: the loaded pipeline, the scheduler, readiness and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from .api.schemas import SpeechRequest
+from .config import Settings
+from .engine.pipeline import Pipeline
+from .metrics import Metrics
+from .scheduling.request import Done, Outcome, SynthesisRequest
+from .scheduling.scheduler import Scheduler, SchedulerConfig
+from .streaming import ChunkPlanner, Stitcher
+
+log = logging.getLogger(__name__)
+
+WARMUP_TEXT = "Warm-up."
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    metrics: Metrics
+    api_key: str | None = None
+    pipeline: Pipeline | None = None
+    scheduler: Scheduler | None = None
+    ready: bool = False
+    draining: bool = False
+    load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_id(self) -> str:
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        return self.pipeline.manifest.name if self.pipeline else "loading"
+
+    def load(self) -> None:
+        """Builds the sessions and starts the stage threads (blocking; run off the event loop)."""
+        s = self.settings
+        from .engine.runtime import RuntimeOptions
+
+        opts = RuntimeOptions(device_id=s.device_id, gpu_mem_limit_bytes=s.gpu_mem_limit_bytes,
+                              intra_op_threads=s.intra_op_threads)
+        self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts)
+        self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size),
+                                   self.metrics)
+        self.scheduler.start()
+
+    async def warm_up(self) -> None:
+        """One real synthesis through every stage, so the first user request pays no lazy init."""
+        req = self.new_request(SpeechRequest(model=self.model_id, input=WARMUP_TEXT, seed=0))
+        self.scheduler.submit(req)
+        while not isinstance(item := await req.out.get(), Done):
+            pass
+        self.scheduler.release(req, item.outcome)
+        if item.outcome != Outcome.OK:
+            raise RuntimeError(f"warm-up synthesis failed: {item.message}")
+
+    def new_request(self, body: SpeechRequest) -> SynthesisRequest:
+        p = self.pipeline
+        m = p.manifest
+        return SynthesisRequest(
+            segments=p.frontend.segments(body.input),
+            voice=p.voices[body.voice or m.voices.default],
+            speed=body.speed,
+            seed=body.seed,
+            deadline=time.monotonic() + self.settings.request_timeout_s,
+            loop=asyncio.get_running_loop(),
+            planner=ChunkPlanner(m.streaming.first_hop_tokens, m.streaming.max_hop_tokens, m.flow.pre_lookahead_tokens),
+            stitcher=Stitcher(m.streaming.crossfade_frames * m.hop_samples),
+        )
+
+    def record(self, code: int, started: float) -> None:
+        self.metrics.requests.labels(str(code)).inc()
+        self.metrics.request_duration.labels(str(code)).observe(time.monotonic() - started)
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready = ready
+        self.metrics.ready.set(1 if ready and not self.draining else 0)
