@@ -1,0 +1,170 @@
+"""Batching, overload, deadlines, disconnects, draining and start-up failures, against real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
+
+LONG = " ".join(["Streaming speech synthesis keeps going for quite a while here."] * 30)
+
+
+def body(text: str = "Batching brings many requests together.", **kw) -> dict:
+    return {"model": "tts-1", "input": text, "response_format": "wav"} | kw
+
+
+def histogram(metrics: str, name: str, label: str, value: str) -> dict[str, float]:
+    """Bucket upper bound -> cumulative count for one labelled histogram."""
+    out = {}
+    for fam in text_string_to_metric_families(metrics):
+        if fam.name == name:
+            for s in fam.samples:
+                if s.name == name + "_bucket" and s.labels.get(label) == value:
+                    out[s.labels["le"]] = s.value
+    return out
+
+
+async def fire(url: str, n: int, clients: int = 4, **kw) -> list[httpx.Response]:
+    pool = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(clients)]
+    try:
+        return await asyncio.gather(*[pool[i % clients].post("/v1/audio/speech", json=body(seed=i, **kw)) for i in range(n)])
+    finally:
+        await asyncio.gather(*[c.aclose() for c in pool])
+
+
+def wav_ok(r: httpx.Response) -> bool:
+    audio, sr = sf.read(io.BytesIO(r.content), dtype="int16")
+    return sr == 24000 and len(audio) == int(r.headers["x-speech-tokens"]) * 960
+
+
+async def test_concurrent_load_batches_every_stage(start_server):
+    s = start_server("--max-batch-size", "16")
+    rs = await fire(s.url, 32)
+    assert [r.status_code for r in rs] == [200] * 32
+    assert all(wav_ok(r) for r in rs)
+    metrics = s.metrics()
+    for stage in ("llm", "flow", "vocoder"):
+        buckets = histogram(metrics, "cosyvoice_batch_size", "stage", stage)
+        batches, single = buckets["+Inf"], buckets["1.0"]
+        assert batches - single > 0, f"{stage}: no batch larger than 1 ({buckets})"
+
+
+async def test_overload_answers_429_with_retry_after_and_completes_the_rest(start_server):
+    s = start_server("--max-batch-size", "2", "--max-queue-size", "2")
+    rs = await fire(s.url, 24, clients=8)
+    codes = [r.status_code for r in rs]
+    assert set(codes) <= {200, 429}
+    assert codes.count(429) > 0 and codes.count(200) >= 4
+    for r in rs:
+        if r.status_code == 429:
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["code"] == "server_overloaded"
+        else:
+            assert wav_ok(r)
+    assert 'cosyvoice_requests_total{code="429"}' in s.metrics()
+    # once the burst is over, the server accepts again
+    assert httpx.post(s.url + "/v1/audio/speech", json=body(), timeout=60).status_code == 200
+
+
+def test_deadline_exceeded_gives_504_and_frees_the_slot(start_server):
+    s = start_server("--request-timeout-s", "0.3", "--max-batch-size", "1", "--max-queue-size", "0")
+    t0 = time.monotonic()
+    r = httpx.post(s.url + "/v1/audio/speech", json=body(LONG), timeout=30)
+    assert r.status_code == 504
+    assert time.monotonic() - t0 < 3
+    err = r.json()["error"]
+    assert err["code"] == "timeout" and "0.3 s" in err["message"]
+    # capacity 1: the timed-out request no longer holds it
+    ok = httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30)
+    assert ok.status_code == 200
+
+
+def test_client_disconnect_frees_its_slot(start_server):
+    s = start_server("--max-batch-size", "1", "--max-queue-size", "0")
+    for stream in (True, False):
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            if stream:
+                with c.stream("POST", "/v1/audio/speech", json=body(LONG, stream=True)) as r:
+                    assert r.status_code == 200
+                    next(r.iter_raw())  # audio is flowing, then the client hangs up
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    c.post("/v1/audio/speech", json=body(LONG), timeout=0.3)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and 'cosyvoice_inflight_requests 0.0' not in s.metrics():
+            time.sleep(0.05)
+        assert 'cosyvoice_inflight_requests 0.0' in s.metrics(), f"stream={stream}: slot still held"
+        assert httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30).status_code == 200
+
+
+async def test_sigterm_drains_accepted_requests_then_exits_0(start_server):
+    s = start_server("--drain-timeout-s", "60")
+    async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+        tasks = [asyncio.create_task(client.post("/v1/audio/speech", json=body(LONG[:1500], seed=i))) for i in range(4)]
+        while 'cosyvoice_inflight_requests 4.0' not in (await client.get("/metrics")).text:
+            await asyncio.sleep(0.02)
+        s.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        ready = await client.get("/readyz")
+        late = await client.post("/v1/audio/speech", json=body())
+        done = await asyncio.gather(*tasks)
+    assert ready.status_code == 503 and ready.json()["status"] == "draining"
+    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+    assert [r.status_code for r in done] == [200] * 4
+    assert all(wav_ok(r) for r in done)
+    assert s.proc.wait(30) == 0
+
+
+def test_api_key_guards_v1_but_not_probes(start_server):
+    s = start_server(env={"COSYVOICE_API_KEY": "s3cret"})
+    r = httpx.post(s.url + "/v1/audio/speech", json=body())
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.post(s.url + "/v1/audio/speech", json=body(), headers={"Authorization": "Bearer wrong"}).status_code == 401
+    ok = httpx.post(s.url + "/v1/audio/speech", json=body(), headers={"Authorization": "Bearer s3cret"}, timeout=30)
+    assert ok.status_code == 200
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert httpx.get(s.url + path).status_code == 200
+
+
+def test_api_key_from_a_mounted_secret_file(start_server, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("from-file\n")
+    s = start_server("--api-key-file", str(key))
+    assert httpx.get(s.url + "/v1/models").status_code == 401
+    assert httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer from-file"}).status_code == 200
+
+
+def serve_fails(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE_")}
+    return subprocess.run([sys.executable, "-m", "cosyvoice_server.cli", "serve", "--port", "1", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_device_cuda_without_cuda_fails_with_a_clear_message():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has the CUDA provider")
+    r = serve_fails("--device", "cuda")
+    assert r.returncode == 2
+    assert "--device cuda was requested but cannot be used" in r.stderr
+    assert "onnxruntime-gpu" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_environment_variables_configure_serve(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE_")} | {"COSYVOICE_MODEL_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "cosyvoice_server.cli", "serve", "--port", "1"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 2 and f"{tmp_path}/model.yaml: missing" in r.stderr
+    env["COSYVOICE_MAX_BATCH_SIZE"] = "0"
+    r = subprocess.run([sys.executable, "-m", "cosyvoice_server.cli", "serve"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "max_batch_size" in r.stderr

@@ -1,0 +1,109 @@
+"""The model directory format: generation, validation and the errors a broken directory gives."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+from cosyvoice_server.config import BUNDLED_MODEL
+from cosyvoice_server.engine.pipeline import Pipeline
+from cosyvoice_server.fetch import FetchError, fetch
+from cosyvoice_server.model.generate import generate
+from cosyvoice_server.model.manifest import ModelLoadError, validate_model_dir
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    return Path(shutil.copytree(BUNDLED_MODEL, tmp_path / "model"))
+
+
+def test_generator_reproduces_the_committed_tiny_model_byte_for_byte(tmp_path):
+    out = generate(tmp_path / "tiny", "tiny", 0)
+    committed = sorted(p.relative_to(BUNDLED_MODEL) for p in BUNDLED_MODEL.rglob("*") if p.is_file())
+    assert committed == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    for rel in committed:
+        assert (out / rel).read_bytes() == (BUNDLED_MODEL / rel).read_bytes(), rel
+
+
+def test_tiny_model_is_small_and_has_cosyvoice2_names():
+    size = sum(p.stat().st_size for p in BUNDLED_MODEL.rglob("*") if p.is_file())
+    assert size < 4 * 2**20
+    m = validate_model_dir(BUNDLED_MODEL)
+    est = onnx.load(str(BUNDLED_MODEL / m.flow.estimator.files["fp32"]))
+    assert [i.name for i in est.graph.input] == ["x", "mask", "mu", "t", "spks", "cond"]
+    assert [o.name for o in est.graph.output] == ["estimator_out"]
+    assert est.opset_import[0].version == 18
+    assert (m.sample_rate, m.token_rate, m.mel_rate, m.samples_per_token) == (24000, 25, 50, 960)
+
+
+def test_missing_onnx_file_is_named(model):
+    (model / "hift.fp32.onnx").unlink()
+    with pytest.raises(ModelLoadError, match=r"hift\.fp32\.onnx: missing \(vocoder, fp32\)"):
+        validate_model_dir(model)
+
+
+def test_corrupt_onnx_file_is_named(model):
+    (model / "llm.fp32.onnx").write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match=r"llm\.fp32\.onnx: not a readable ONNX model"):
+        validate_model_dir(model)
+
+
+def test_wrong_tensor_name_is_reported(model):
+    path = model / "flow.decoder.estimator.fp32.onnx"
+    m = onnx.load(str(path))
+    m.graph.input[3].name = "timestep"
+    for node in m.graph.node:
+        node.input[:] = ["timestep" if i == "t" else i for i in node.input]
+    onnx.save(m, str(path))
+    with pytest.raises(ModelLoadError, match=r"estimator\.fp32\.onnx: the flow estimator graph lacks input\(s\) t"):
+        validate_model_dir(model)
+
+
+def test_manifest_layer_count_must_match_the_llm_graph(model):
+    man = yaml.safe_load((model / "model.yaml").read_text())
+    man["llm"]["num_layers"] = 3
+    (model / "model.yaml").write_text(yaml.safe_dump(man))
+    with pytest.raises(ModelLoadError, match=r"lacks input\(s\) past_key_values\.2\.key"):
+        validate_model_dir(model)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.pop("llm"), r"llm: Field required"),
+    (lambda m: m.update(format="cosyvoice3"), r"format: Input should be 'cosyvoice2-onnx/v1'"),
+    (lambda m: m.update(sample_rate=22050), r"rates disagree"),
+    (lambda m: m["llm"].update(files={"fp16": "llm.fp16.onnx"}), r"files must include an fp32 entry"),
+    (lambda m: m["voices"].update(default="nobody"), r"nobody\.npz: missing"),
+])
+def test_bad_manifest_fields_are_explained(model, edit, message):
+    man = yaml.safe_load((model / "model.yaml").read_text())
+    edit(man)
+    (model / "model.yaml").write_text(yaml.safe_dump(man))
+    with pytest.raises(ModelLoadError, match=message):
+        validate_model_dir(model)
+
+
+def test_broken_voice_file_is_named(model):
+    (model / "voices" / "warm.npz").write_bytes(b"junk")
+    with pytest.raises(ModelLoadError, match=r"warm\.npz: not a readable \.npz"):
+        Pipeline(model, "cpu")
+
+
+def test_fetch_unpacks_a_checksummed_archive(tmp_path):
+    import hashlib
+    import tarfile
+
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        tf.add(BUNDLED_MODEL, arcname="cosyvoice2-tiny")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    root = fetch(archive.as_uri(), tmp_path / "dest", digest)
+    assert root == tmp_path / "dest" / "cosyvoice2-tiny"
+    validate_model_dir(root)
+    with pytest.raises(FetchError, match="SHA-256 mismatch"):
+        fetch(str(archive), tmp_path / "dest2", "0" * 64)
+    with pytest.raises(FetchError, match="unsupported scheme 'ftp'"):
+        fetch("ftp://example/model.tgz", tmp_path / "dest3")

@@ -1,0 +1,186 @@
+"""The OpenAI-compatible API against a real server process."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+import time
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+SAMPLES_PER_TOKEN = 960
+
+
+def speech(url: str, timeout: float = 60, **body) -> httpx.Response:
+    body = {"model": "tts-1", "input": SENTENCE, "response_format": "wav"} | body
+    return httpx.post(url + "/v1/audio/speech", json=body, timeout=timeout)
+
+
+def test_wav_is_valid_and_as_long_as_its_speech_tokens(server):
+    r = speech(server.url, seed=7)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "audio/wav"
+    data = r.content
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt "
+    channels, rate, _, _, bits = struct.unpack("<HIIHH", data[22:36])
+    assert (channels, rate, bits) == (1, 24000, 16)
+    audio, sr = sf.read(io.BytesIO(data), dtype="int16")
+    tokens = int(r.headers["x-speech-tokens"])
+    # CosyVoice2 bounds the token count by text length (2x..20x the text tokens)
+    assert 2 * len(SENTENCE) <= tokens <= 20 * len(SENTENCE)
+    assert len(audio) == tokens * SAMPLES_PER_TOKEN
+    assert np.abs(audio).max() > 0
+    assert float(r.headers["x-audio-duration-seconds"]) == pytest.approx(len(audio) / 24000, abs=1e-3)
+
+
+def test_same_seed_same_audio_and_different_seed_differs(server):
+    a, b, c = (speech(server.url, seed=s, response_format="pcm").content for s in (11, 11, 12))
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("fmt, container", [("flac", "FLAC"), ("mp3", "MP3"), ("opus", "OGG")])
+def test_compressed_formats_decode_to_the_same_length(server, fmt, container):
+    pcm = speech(server.url, seed=3, response_format="pcm").content
+    r = speech(server.url, seed=3, response_format=fmt)
+    assert r.status_code == 200, r.text
+    info = sf.info(io.BytesIO(r.content))
+    assert info.format == container and info.samplerate == 24000
+    decoded, _ = sf.read(io.BytesIO(r.content))
+    # lossy codecs add/trim a few encoder frames at the edges
+    assert abs(len(decoded) - len(pcm) // 2) <= 2000
+
+
+def test_pcm_is_headerless_16_bit(server):
+    r = speech(server.url, seed=5, response_format="pcm")
+    assert r.headers["content-type"] == "audio/pcm"
+    assert len(r.content) == int(r.headers["x-speech-tokens"]) * SAMPLES_PER_TOKEN * 2
+
+
+def test_speed_scales_duration(server):
+    normal = speech(server.url, seed=9)
+    fast = speech(server.url, seed=9, speed=2.0)
+    d0, d1 = (float(r.headers["x-audio-duration-seconds"]) for r in (normal, fast))
+    assert d1 == pytest.approx(d0 / 2, rel=0.05)
+
+
+def test_voices_change_the_audio(server):
+    voices = httpx.get(server.url + "/v1/audio/voices").json()
+    names = [v["id"] for v in voices["voices"]]
+    assert voices["default"] in names and len(names) >= 2
+    outs = {v: speech(server.url, seed=1, voice=v, response_format="pcm").content for v in names}
+    assert len(set(outs.values())) == len(names)
+
+
+def test_models_lists_the_served_model(server):
+    data = httpx.get(server.url + "/v1/models").json()
+    assert data["object"] == "list"
+    model_id = data["data"][0]["id"]
+    assert model_id == "cosyvoice2-tiny"
+    assert speech(server.url, model=model_id).status_code == 200
+
+
+def test_streamed_wav_arrives_in_order_before_synthesis_ends(server):
+    text = " ".join([SENTENCE] * 6)
+    whole = speech(server.url, seed=21, input=text, response_format="pcm")
+    total = int(whole.headers["x-speech-tokens"])
+    chunks, times = [], []
+    t0 = time.monotonic()
+    body = {"model": "tts-1", "input": text, "response_format": "wav", "stream": True, "seed": 21}
+    with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for part in r.iter_raw():
+            chunks.append(part)
+            times.append(time.monotonic() - t0)
+    data = b"".join(chunks)
+    # streaming WAV header: unknown sizes are 0xFFFFFFFF
+    assert data[:4] == b"RIFF" and struct.unpack("<I", data[4:8])[0] == 0xFFFFFFFF
+    assert data[40:44] == struct.pack("<I", 0xFFFFFFFF)
+    pcm = data[44:]
+    assert pcm == whole.content, "the stream must be the same samples in the same order as the whole file"
+    assert len(pcm) == total * SAMPLES_PER_TOKEN * 2
+    first_audio = next(t for t, c in zip(times, np.cumsum([len(c) for c in chunks])) if c > 44)
+    assert first_audio < 0.5 * times[-1], f"first audio at {first_audio:.3f}s of {times[-1]:.3f}s"
+
+
+def test_sse_stream_has_deltas_then_done_with_usage(server):
+    body = {"model": "tts-1", "input": SENTENCE, "response_format": "pcm", "stream_format": "sse", "seed": 4}
+    pcm = speech(server.url, seed=4, response_format="pcm").content
+    with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["output_tokens"] * SAMPLES_PER_TOKEN * 2 == len(pcm)
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == pcm
+
+
+BAD_REQUESTS = [
+    ({"input": SENTENCE}, 400, "model", "missing_required_parameter"),
+    ({"model": "tts-1"}, 400, "input", "missing_required_parameter"),
+    ({"model": "tts-1", "input": ""}, 400, "input", "invalid_value"),
+    ({"model": "tts-1", "input": "   \n\t "}, 400, "input", "invalid_value"),
+    ({"model": "tts-1", "input": "\u0007\u0008"}, 400, "input", "invalid_value"),
+    ({"model": "tts-1", "input": "x" * 4097}, 400, "input", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "voice": "nobody"}, 400, "voice", "invalid_voice"),
+    ({"model": "tts-1", "input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "response_format": "aac"}, 400, "response_format", "unsupported_format"),
+    ({"model": "tts-1", "input": "hi", "response_format": "mp3", "stream": True}, 400, "response_format", "unsupported_format"),
+    ({"model": "tts-1", "input": "hi", "speed": 0.1}, 400, "speed", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "speed": 4.5}, 400, "speed", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "speed": "fast"}, 400, "speed", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "stream_format": "websocket"}, 400, "stream_format", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "instructions": "whisper"}, 400, "instructions", "unsupported_parameter"),
+    ({"model": "whisper-1", "input": "hi"}, 404, "model", "model_not_found"),
+]
+
+
+@pytest.mark.parametrize("body, status, param, code", BAD_REQUESTS)
+def test_bad_input_gets_a_4xx_in_openai_error_shape(server, body, status, param, code):
+    r = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["code"] == code
+    assert err["type"] == "invalid_request_error" and len(err["message"]) > 10
+    assert httpx.get(server.url + "/readyz").status_code == 200
+
+
+@pytest.mark.parametrize("content, ctype, code", [
+    (b"{not json", "application/json", "invalid_json"),
+    (b"[1, 2]", "application/json", "invalid_json"),
+    (b"\xff\xfe", "application/json", "invalid_json"),
+    (b'{"model": "tts-1", "input": "' + b"a" * 70000 + b'"}', "application/json", "request_too_large"),
+])
+def test_malformed_or_oversized_bodies(server, content, ctype, code):
+    r = httpx.post(server.url + "/v1/audio/speech", content=content, headers={"content-type": ctype}, timeout=30)
+    assert 400 <= r.status_code < 500
+    assert r.json()["error"]["code"] == code
+
+
+def test_unknown_route_and_method_use_the_error_shape(server):
+    r = httpx.get(server.url + "/v1/audio/speak")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(server.url + "/v1/audio/speech")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_metrics_expose_every_documented_name(server):
+    speech(server.url)
+    speech(server.url, speed=99)
+    text = server.metrics()
+    for name in [
+        "cosyvoice_request_duration_seconds_bucket", "cosyvoice_time_to_first_audio_seconds_bucket",
+        "cosyvoice_queue_wait_seconds_bucket", "cosyvoice_batch_size_bucket", "cosyvoice_requests_total",
+        "cosyvoice_inflight_requests", "cosyvoice_queue_depth", "cosyvoice_audio_seconds_total",
+        "cosyvoice_stage_compute_seconds_bucket", "cosyvoice_speech_tokens_total", "cosyvoice_ready",
+    ]:
+        assert name in text, name
+    assert 'cosyvoice_requests_total{code="200"}' in text
+    assert 'cosyvoice_requests_total{code="400"}' in text
