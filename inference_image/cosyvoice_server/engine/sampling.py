@@ -40,12 +40,13 @@ def sample_tokens(
     keep = np.cumsum(probs, axis=1) - probs < top_p
     probs = np.where(keep, probs, 0.0)
     probs /= probs.sum(axis=1, keepdims=True)
-    out = np.empty(len(logits), dtype=np.int64)
+    # Inverse-CDF draws, one uniform per row from the row's own generator (per-request reproducibility).
+    u = np.array([rng.random() for rng in rngs])
+    pick = np.minimum((np.cumsum(probs, axis=1) < u[:, None]).sum(axis=1), k - 1)
+    out = top[np.arange(len(top)), pick]
     for i, rng in enumerate(rngs):
-        token = int(top[i, rng.choice(k, p=probs[i])])
         recent = histories[i][-win_size:]
-        if recent.count(token) >= win_size * tau_r:
-            full = _softmax(logits[i])
-            token = int(rng.choice(len(full), p=full))
-        out[i] = token
+        if recent and recent.count(int(out[i])) >= win_size * tau_r:
+            cdf = np.cumsum(_softmax(logits[i]))
+            out[i] = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 from collections import deque
@@ -90,6 +91,9 @@ class Scheduler:
 
     # Lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        # Four threads share the GIL (the event loop and three stages); the default 5 ms switch
+        # interval would let one busy stage hold back the others' short steps.
+        sys.setswitchinterval(0.001)
         for t in self._threads:
             t.start()
 

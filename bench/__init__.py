@@ -1,0 +1,1 @@
+"""Benchmarks: the server against the engine limit and against itself without batching."""

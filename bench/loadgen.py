@@ -1,0 +1,90 @@
+"""Load generation against the speech API: closed-loop concurrency and open-loop Poisson arrivals.
+
+Requests are spread over several HTTP clients (one httpx client tops out near 600 requests/s on a
+small machine). Each result records latency, time to first audio (streaming) and audio produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+WAV_HEADER = 44
+
+
+@dataclass
+class Result:
+    code: int
+    latency: float
+    ttfa: float | None
+    audio_s: float
+    start: float
+
+
+def body(text: str, seed: int, stream: bool, fmt: str = "pcm") -> dict:
+    return {"model": "tts-1", "input": text, "response_format": fmt, "stream": stream, "seed": seed}
+
+
+async def one(client: httpx.AsyncClient, text: str, seed: int, stream: bool) -> Result:
+    t0 = time.perf_counter()
+    if not stream:
+        r = await client.post("/v1/audio/speech", json=body(text, seed, False))
+        dt = time.perf_counter() - t0
+        ttfa = float(r.headers["x-time-to-first-audio-ms"]) / 1000 if r.status_code == 200 else None
+        return Result(r.status_code, dt, ttfa, len(r.content) / 48000 if r.status_code == 200 else 0.0, t0)
+    ttfa, n = None, 0
+    async with client.stream("POST", "/v1/audio/speech", json=body(text, seed, True)) as r:
+        async for part in r.aiter_raw():
+            if ttfa is None and part:
+                ttfa = time.perf_counter() - t0
+            n += len(part)
+    return Result(r.status_code, time.perf_counter() - t0, ttfa, n / 48000 if r.status_code == 200 else 0.0, t0)
+
+
+def clients(url: str, n: int) -> list[httpx.AsyncClient]:
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    return [httpx.AsyncClient(base_url=url, timeout=300, limits=limits) for _ in range(n)]
+
+
+async def closed_loop(url: str, concurrency: int, duration: float, text: str, stream: bool, warmup: float = 1.0) -> list[Result]:
+    """`concurrency` users, each sending its next request when the last one returns."""
+    pool = clients(url, min(8, concurrency))
+    results: list[Result] = []
+    t_start = time.perf_counter()
+    stop = t_start + warmup + duration
+
+    async def user(i: int) -> None:
+        seed = i * 100_000
+        while time.perf_counter() < stop:
+            r = await one(pool[i % len(pool)], text, seed, stream)
+            seed += 1
+            if r.start >= t_start + warmup:
+                results.append(r)
+
+    try:
+        await asyncio.gather(*[user(i) for i in range(concurrency)])
+    finally:
+        await asyncio.gather(*[c.aclose() for c in pool])
+    return results
+
+
+async def open_loop(url: str, rate: float, duration: float, text: str, stream: bool, seed: int = 0) -> list[Result]:
+    """Poisson arrivals at `rate` requests/s, whatever the server's state (a queueing test)."""
+    pool = clients(url, 8)
+    rng = np.random.default_rng(seed)
+    tasks = []
+    t, end = time.perf_counter(), time.perf_counter() + duration
+    i = 0
+    try:
+        while t < end:
+            t += rng.exponential(1 / rate)
+            await asyncio.sleep(max(0.0, t - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(pool[i % len(pool)], text, i, stream)))
+            i += 1
+        return list(await asyncio.gather(*tasks))
+    finally:
+        await asyncio.gather(*[c.aclose() for c in pool])
