@@ -13,7 +13,7 @@ from cosyvoice_server.metrics import Metrics
 from cosyvoice_server.scheduling.request import Done, Outcome
 from cosyvoice_server.state import ServerState
 
-from .loadgen import Result
+from .loadgen import Result, in_window
 
 
 class Engine:
@@ -48,7 +48,7 @@ class Engine:
             while time.perf_counter() < stop:
                 r = await self.one(text, seed)
                 seed += 1
-                if r.start >= t_start + warmup:
+                if in_window(r, t_start + warmup, stop):
                     results.append(r)
 
         await asyncio.gather(*[user(i) for i in range(concurrency)])

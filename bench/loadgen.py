@@ -25,6 +25,12 @@ class Result:
     start: float
 
 
+def in_window(r: Result, start: float, stop: float) -> bool:
+    """Counted requests finish within the measured window: throughput is completions per second of
+    the window, the same definition for every system."""
+    return start <= r.start + r.latency <= stop
+
+
 def body(text: str, seed: int, stream: bool, fmt: str = "pcm") -> dict:
     return {"model": "tts-1", "input": text, "response_format": fmt, "stream": stream, "seed": seed}
 
@@ -62,7 +68,7 @@ async def closed_loop(url: str, concurrency: int, duration: float, text: str, st
         while time.perf_counter() < stop:
             r = await one(pool[i % len(pool)], text, seed, stream)
             seed += 1
-            if r.start >= t_start + warmup:
+            if in_window(r, t_start + warmup, stop):
                 results.append(r)
 
     try:

@@ -11,7 +11,7 @@ the same bytes.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,24 +38,49 @@ class Preset:
     speech_vocab: int
     rope_theta: float
     eos_bias: float
-    # flow
-    flow_dim: int
-    estimator_channels: int
-    # vocoder upsampling channels (x8, x5, x3, then x4 sub-pixel = 480 samples per frame)
-    vocoder_channels: tuple[int, int, int, int]
-    first_hop_tokens: int
-    max_hop_tokens: int
-    max_text_tokens_per_segment: int
-    n_timesteps: int
-    fp16: bool
+    # flow encoder: transformer blocks at the token rate, then after the x2 upsampling
+    enc_dim: int
+    enc_blocks: int
+    enc_up_blocks: int
+    enc_heads: int
+    enc_ff: int
+    # flow-matching estimator: resnet blocks, each followed by transformer blocks
+    est_channels: int
+    est_resnets: int
+    est_transformers: int
+    est_heads: int
+    est_head_dim: int
+    est_ff: int
+    # vocoder: conv_pre channels, then x8, x5, x3 upsampling (kernels 16, 11, 7) and a x4 sub-pixel stage
+    voc_channels: tuple[int, int, int, int]
+    voc_res_kernels: tuple[int, ...]
+    voc_dilations: tuple[int, ...]
+    first_hop_tokens: int = 25
+    max_hop_tokens: int = 100
+    max_text_tokens_per_segment: int = 80
+    n_timesteps: int = 10
+    fp16: bool = True
+    external_data: bool = False  # weights beside the graph (needed past protobuf's 2 GB)
 
 
 PRESETS = {
     "tiny": Preset(
         name="cosyvoice2-tiny",
         hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, speech_vocab=512, rope_theta=1e6, eos_bias=2.0,
-        flow_dim=32, estimator_channels=48, vocoder_channels=(48, 32, 16, 8),
-        first_hop_tokens=25, max_hop_tokens=100, max_text_tokens_per_segment=80, n_timesteps=10, fp16=True,
+        enc_dim=32, enc_blocks=1, enc_up_blocks=1, enc_heads=2, enc_ff=64,
+        est_channels=48, est_resnets=1, est_transformers=1, est_heads=2, est_head_dim=16, est_ff=96,
+        voc_channels=(48, 32, 16, 8), voc_res_kernels=(3,), voc_dilations=(1,),
+    ),
+    # CosyVoice2-0.5B's layer sizes (FIELD: Qwen2-0.5B body, UpsampleConformerEncoder 512/8 heads/6+4 blocks,
+    # CausalConditionalDecoder 256 channels with 4 + 12 x 4 transformer blocks, HiFT 512 base channels).
+    # Random weights: for measuring realistic compute per token and per chunk on a GPU, never committed.
+    "cosyvoice2": Preset(
+        name="cosyvoice2-random-fullsize",
+        hidden=896, layers=24, heads=14, kv_heads=2, mlp=4864, speech_vocab=6561, rope_theta=1e6, eos_bias=2.0,
+        enc_dim=512, enc_blocks=6, enc_up_blocks=4, enc_heads=8, enc_ff=2048,
+        est_channels=256, est_resnets=14, est_transformers=4, est_heads=8, est_head_dim=64, est_ff=1024,
+        voc_channels=(512, 256, 128, 64), voc_res_kernels=(3, 7, 11), voc_dilations=(1, 3, 5),
+        external_data=True,
     ),
 }
 
@@ -170,7 +195,7 @@ def build_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.nda
 
 def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
     """Speech tokens -> mu[B,80,2N] (token_mel_ratio 2), speaker embedding -> spks[B,80]."""
-    d = p.flow_dim
+    d = p.enc_dim
     g = GraphBuilder("flow_encoder")
     tok = g.input("token", "int64", ["batch", "tokens"])
     tok_len = g.input("token_len", "int64", ["batch"])
@@ -186,13 +211,22 @@ def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
     la = g.op("LeakyRelu", [g.op("Conv", [la, g.const(init.w(d, d, 4, fan_in=4 * d), "pre_lookahead.weight"),
                                           g.const(init.zeros(d), "pre_lookahead.bias")])], alpha=0.01)
     h = g.op("Add", [h, la])
-    h = g.silu(g.conv1d(h, init.w(d, d, 3, fan_in=3 * d), init.zeros(d), 1, "encoder.conv"))
+
+    def blocks(h: str, mask: str, count: int, hint: str) -> str:
+        x = g.op("Transpose", [h], perm=[0, 2, 1])
+        key = g.key_mask(mask)
+        for i in range(count):
+            x = g.transformer_block(x, key, d, p.enc_heads, d // p.enc_heads, p.enc_ff, init.w, f"{hint}.{i}")
+        return g.op("Mul", [g.op("Transpose", [x], perm=[0, 2, 1]), mask])
+
+    h = blocks(h, maskf, p.enc_blocks, "encoders")
     # Upsample x2 to the mel frame rate.
     up_shape = g.op("Concat", [g.shape_of(h, 0, 3), g.const(i64(2))], axis=0)
     h = g.op("Reshape", [g.op("Expand", [g.op("Unsqueeze", [h, g.const(i64(3))]), up_shape]), g.const(i64(0, 0, -1))])
     m2 = g.op("Reshape", [g.op("Expand", [g.op("Unsqueeze", [maskf, g.const(i64(3))]),
                                            g.op("Concat", [g.shape_of(maskf, 0, 3), g.const(i64(2))], axis=0)]),
                           g.const(i64(0, 0, -1))])
+    h = blocks(h, m2, p.enc_up_blocks, "up_encoders")
     mu = g.op("Mul", [g.conv1d(h, init.w(MEL_BINS, d, 1, fan_in=d), init.zeros(MEL_BINS), 0, "encoder_proj"), m2])
     g.output(mu, "mu", "float32", ["batch", MEL_BINS, "frames"])
     spk_n = g.op("LpNormalization", [spk], axis=1, p=2)
@@ -203,7 +237,7 @@ def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
 
 def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     """The flow-matching estimator with CosyVoice's export names: x, mask, mu, t, spks, cond -> estimator_out."""
-    c = p.estimator_channels
+    c = p.est_channels
     g = GraphBuilder("estimator")
     x = g.input("x", "float32", ["batch", MEL_BINS, "frames"])
     mask = g.input("mask", "float32", ["batch", 1, "frames"])
@@ -213,28 +247,49 @@ def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     cond = g.input("cond", "float32", ["batch", MEL_BINS, "frames"])
     spk_b = g.op("Expand", [g.op("Unsqueeze", [spks, g.const(i64(2))]), g.op("Shape", [x])])
     h = g.op("Concat", [x, mu, spk_b, cond], axis=1)  # 320 input channels, as CosyVoice2's decoder
-    h = g.conv1d(h, init.w(c, 4 * MEL_BINS, 3, fan_in=3 * 4 * MEL_BINS), init.zeros(c), 1, "down.conv")
+    h = g.op("Mul", [g.conv1d(h, init.w(c, 4 * MEL_BINS, 3, fan_in=3 * 4 * MEL_BINS), init.zeros(c), 1, "down.conv"), mask])
     half = 16
     freqs = (np.exp(-np.log(10000.0) * np.arange(half) / half) * 1000.0).astype(np.float32)
     targ = g.op("Mul", [g.op("Unsqueeze", [t, g.const(i64(1))]), g.const(freqs)])
     temb = g.op("Concat", [g.op("Sin", [targ]), g.op("Cos", [targ])], axis=-1)
     temb = g.linear(g.silu(g.linear(temb, init.w(2 * half, c), init.zeros(c), "time_mlp.0")), init.w(c, c), init.zeros(c), "time_mlp.1")
-    h = g.op("Mul", [g.silu(g.op("Add", [h, g.op("Unsqueeze", [temb, g.const(i64(2))])])), mask])
-    h = g.op("Mul", [g.silu(g.conv1d(h, init.w(c, c, 3, fan_in=3 * c), init.zeros(c), 1, "mid.conv")), mask])
-    out = g.op("Mul", [g.conv1d(h, init.w(MEL_BINS, c, 3, fan_in=3 * c), init.zeros(MEL_BINS), 1, "final_proj"), mask])
+    temb = g.op("Unsqueeze", [temb, g.const(i64(2))])
+    key = g.key_mask(mask)
+    for r in range(p.est_resnets):
+        h1 = g.op("Add", [g.op("Mul", [g.silu(g.conv1d(h, init.w(c, c, 3, fan_in=3 * c), init.zeros(c), 1, f"blocks.{r}.resnet.0")),
+                                       mask]), temb])
+        h2 = g.op("Mul", [g.conv1d(g.silu(h1), init.w(c, c, 3, fan_in=3 * c), init.zeros(c), 1, f"blocks.{r}.resnet.1"), mask])
+        h = g.op("Add", [h, h2])
+        xt = g.op("Transpose", [h], perm=[0, 2, 1])
+        for j in range(p.est_transformers):
+            xt = g.transformer_block(xt, key, c, p.est_heads, p.est_head_dim, p.est_ff, init.w, f"blocks.{r}.transformer.{j}")
+        h = g.op("Mul", [g.op("Transpose", [xt], perm=[0, 2, 1]), mask])
+    out = g.op("Mul", [g.conv1d(g.silu(h), init.w(MEL_BINS, c, 3, fan_in=3 * c), init.zeros(MEL_BINS), 1, "final_proj"), mask])
     g.output(out, "estimator_out", "float32", ["batch", MEL_BINS, "frames"])
     return g.model("CosyVoice2-style flow-matching estimator (random weights)")
 
 
 def build_vocoder(p: Preset, init: _Init) -> onnx.ModelProto:
-    """mel[B,80,T] -> waveform[B,T*480] at 24 kHz (x8, x5, x3 transposed convs, then a x4 sub-pixel stage)."""
-    c0, c1, c2, c3 = p.vocoder_channels
+    """mel[B,80,T] -> waveform[B,T*480] at 24 kHz: HiFT-like x8, x5, x3 transposed convs with
+    multi-kernel residual blocks, then a x4 sub-pixel stage standing in for its iSTFT (hop 4)."""
+    c0, c1, c2, c3 = p.voc_channels
     g = GraphBuilder("hift")
     mel = g.input("speech_feat", "float32", ["batch", MEL_BINS, "frames"])
-    h = g.op("LeakyRelu", [g.conv1d(mel, init.w(c0, MEL_BINS, 7, fan_in=7 * MEL_BINS), init.zeros(c0), 3, "conv_pre")], alpha=0.1)
-    for i, (cin, cout, s) in enumerate([(c0, c1, 8), (c1, c2, 5), (c2, c3, 3)]):
-        h = g.op("LeakyRelu", [g.conv_transpose1d(h, init.w(cin, cout, s, fan_in=cin), init.zeros(cout), s, f"ups.{i}")], alpha=0.1)
-    h = g.conv1d(h, init.w(4, c3, 1, fan_in=c3), init.zeros(4), 0, "conv_post")
+    h = g.conv1d(mel, init.w(c0, MEL_BINS, 7, fan_in=7 * MEL_BINS), init.zeros(c0), 3, "conv_pre")
+    for i, (cin, cout, k, s) in enumerate([(c0, c1, 16, 8), (c1, c2, 11, 5), (c2, c3, 7, 3)]):
+        h = g.conv_transpose1d(g.op("LeakyRelu", [h], alpha=0.1), init.w(cin, cout, k, fan_in=cin * k // s), init.zeros(cout), s, f"ups.{i}")
+        branches = []
+        for j, kr in enumerate(p.voc_res_kernels):
+            x = h
+            for dil in p.voc_dilations:
+                y = g.conv1d(g.op("LeakyRelu", [x], alpha=0.1), init.w(cout, cout, kr, fan_in=kr * cout), init.zeros(cout),
+                             dil * (kr - 1) // 2, f"resblocks.{i}.{j}.convs1", dilation=dil)
+                y = g.conv1d(g.op("LeakyRelu", [y], alpha=0.1), init.w(cout, cout, kr, fan_in=kr * cout), init.zeros(cout),
+                             (kr - 1) // 2, f"resblocks.{i}.{j}.convs2")
+                x = g.op("Add", [x, y])
+            branches.append(x)
+        h = branches[0] if len(branches) == 1 else g.op("Mul", [g.op("Sum", branches), g.const(np.float32(1 / len(branches)))])
+    h = g.conv1d(g.op("LeakyRelu", [h], alpha=0.1), init.w(4, c3, 7, fan_in=7 * c3), init.zeros(4), 3, "conv_post")
     wav = g.op("Reshape", [g.op("Transpose", [h], perm=[0, 2, 1]), g.const(i64(0, -1))])
     wav = g.op("Mul", [g.op("Tanh", [wav]), g.const(np.float32(0.5))])
     g.output(wav, "waveform", "float32", ["batch", "samples"])
@@ -289,6 +344,14 @@ def _fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
 
 
+def _save(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+
+
 def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
     p = PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
@@ -303,10 +366,10 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
     files: dict[str, dict[str, str]] = {}
     for stem, model in models.items():
         files[stem] = {"fp32": f"{stem}.fp32.onnx"}
-        onnx.save(model, out / files[stem]["fp32"])
+        _save(model, out / files[stem]["fp32"], p.external_data)
         if p.fp16:
             files[stem]["fp16"] = f"{stem}.fp16.onnx"
-            onnx.save(_fp16(model), out / files[stem]["fp16"])
+            _save(_fp16(model), out / files[stem]["fp16"], p.external_data)
     _save_npz(out / "llm_embeddings.npz", emb)
     (out / "tokenizer.json").write_text(_byte_level_tokenizer() + "\n")
     (out / "voices").mkdir(exist_ok=True)
@@ -346,7 +409,7 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
         "vocoder": {"files": files["hift"]},
         "streaming": {"first_hop_tokens": p.first_hop_tokens, "max_hop_tokens": p.max_hop_tokens, "crossfade_frames": 2},
         "voices": {"dir": "voices", "default": "default"},
-        "generator": {"preset": preset, "seed": seed, **{k: v for k, v in asdict(p).items() if k in ("hidden", "layers")}},
+        "generator": {"preset": preset, "seed": seed},
     }
     (out / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     return out

@@ -65,21 +65,62 @@ class GraphBuilder:
             y = self.op("Add", [y, self.const(bias.astype(np.float32), f"{hint}.bias")], hint)
         return y
 
-    def conv1d(self, x: str, weight: np.ndarray, bias: np.ndarray, pad: int, hint: str = "conv") -> str:
+    def conv1d(self, x: str, weight: np.ndarray, bias: np.ndarray, pad: int, hint: str = "conv", dilation: int = 1) -> str:
         return self.op(
             "Conv",
             [x, self.const(weight.astype(np.float32), f"{hint}.weight"), self.const(bias.astype(np.float32), f"{hint}.bias")],
             hint,
             pads=[pad, pad],
+            dilations=[dilation],
         )
 
     def conv_transpose1d(self, x: str, weight: np.ndarray, bias: np.ndarray, stride: int, hint: str = "up") -> str:
+        """Output length is exactly stride x input length for kernel sizes stride + 2k (HiFT's 16/8, 11/5, 7/3)."""
+        trim = weight.shape[2] - stride
         return self.op(
             "ConvTranspose",
             [x, self.const(weight.astype(np.float32), f"{hint}.weight"), self.const(bias.astype(np.float32), f"{hint}.bias")],
             hint,
             strides=[stride],
+            pads=[trim // 2, trim - trim // 2],
         )
+
+    def layer_norm(self, x: str, dim: int, hint: str = "ln") -> str:
+        return self.op("LayerNormalization", [x, self.const(np.ones(dim, np.float32), f"{hint}.weight"),
+                                              self.const(np.zeros(dim, np.float32), f"{hint}.bias")], hint, axis=-1)
+
+    def gelu(self, x: str) -> str:
+        # erf form: opset 18 has no Gelu operator
+        inner = self.op("Add", [self.const(np.float32(1.0)), self.op("Erf", [self.op("Mul", [x, self.const(np.float32(2 ** -0.5))])])])
+        return self.op("Mul", [self.op("Mul", [x, inner]), self.const(np.float32(0.5))])
+
+    def self_attention(self, x: str, mask_add: str, dim: int, heads: int, head_dim: int, w, hint: str) -> str:
+        """Multi-head self-attention over x[B,T,dim] with an additive key mask[B,1,1,T]."""
+        inner = heads * head_dim
+
+        def split(t: str) -> str:
+            return self.op("Transpose", [self.op("Reshape", [t, self.const(i64(0, 0, heads, head_dim))])], perm=[0, 2, 1, 3])
+
+        q = split(self.linear(x, w(dim, inner), None, f"{hint}.to_q"))
+        k = split(self.linear(x, w(dim, inner), None, f"{hint}.to_k"))
+        v = split(self.linear(x, w(dim, inner), None, f"{hint}.to_v"))
+        scores = self.op("Mul", [self.op("MatMul", [q, self.op("Transpose", [k], perm=[0, 1, 3, 2])]),
+                                 self.const(np.float32(head_dim ** -0.5))])
+        att = self.op("MatMul", [self.op("Softmax", [self.op("Add", [scores, mask_add])], axis=-1), v])
+        att = self.op("Reshape", [self.op("Transpose", [att], perm=[0, 2, 1, 3]), self.const(i64(0, 0, -1))])
+        return self.linear(att, w(inner, dim), np.zeros(dim, np.float32), f"{hint}.to_out")
+
+    def transformer_block(self, x: str, mask_add: str, dim: int, heads: int, head_dim: int, ff: int, w, hint: str) -> str:
+        """Pre-norm block: x + attn(LN(x)), then x + FF(LN(x)) with GELU."""
+        x = self.op("Add", [x, self.self_attention(self.layer_norm(x, dim, f"{hint}.norm1"), mask_add, dim, heads, head_dim, w,
+                                                   f"{hint}.attn")])
+        h = self.gelu(self.linear(self.layer_norm(x, dim, f"{hint}.norm3"), w(dim, ff), np.zeros(ff, np.float32), f"{hint}.ff.0"))
+        return self.op("Add", [x, self.linear(h, w(ff, dim), np.zeros(dim, np.float32), f"{hint}.ff.2")])
+
+    def key_mask(self, mask: str) -> str:
+        """mask[B,1,T] of 1/0 -> additive [B,1,1,T] (0 or -1e4, safe in fp16)."""
+        m = self.op("Unsqueeze", [mask, self.const(i64(1))])
+        return self.op("Mul", [self.op("Sub", [self.const(np.float32(1.0)), m]), self.const(np.float32(-1e4))])
 
     def rms_norm(self, x: str, weight: np.ndarray, hint: str = "norm", eps: float = 1e-6) -> str:
         """Qwen2's RMSNorm, written out because opset 18 has no RMSNormalization."""

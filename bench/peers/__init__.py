@@ -1,0 +1,1 @@
+"""Other servers hosting the same pipeline, for side-by-side comparison."""
