@@ -17,8 +17,8 @@ from .loadgen import Result, in_window
 
 
 class Engine:
-    def __init__(self, model_dir: Path, device: str, max_batch_size: int) -> None:
-        self.state = ServerState(Settings(model_dir=model_dir, device=device, max_batch_size=max_batch_size,
+    def __init__(self, model_dir: Path, device: str, max_batch_size: int, precision: str = "auto") -> None:
+        self.state = ServerState(Settings(model_dir=model_dir, device=device, max_batch_size=max_batch_size, precision=precision,
                                           max_queue_size=10_000, request_timeout_s=3600), Metrics())
         self.state.load()
 

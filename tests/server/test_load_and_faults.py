@@ -168,3 +168,14 @@ def test_environment_variables_configure_serve(tmp_path):
     env["COSYVOICE_MAX_BATCH_SIZE"] = "0"
     r = subprocess.run([sys.executable, "-m", "cosyvoice_server.cli", "serve"], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and "max_batch_size" in r.stderr
+
+
+def test_doctor_reports_runtime_and_what_cuda_lacks():
+    import onnxruntime as ort
+
+    r = subprocess.run([sys.executable, "-m", "cosyvoice_server.cli", "doctor"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert f"onnxruntime {ort.__version__}" in r.stdout
+    assert "NVIDIA driver:" in r.stdout
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert "--device cuda: NOT usable" in r.stdout and "onnxruntime-gpu" in r.stdout

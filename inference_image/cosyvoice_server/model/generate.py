@@ -340,8 +340,10 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def _fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    src = onnx.ModelProto()
+    src.CopyFrom(model)  # the converter edits its input in place
     # Inputs and outputs stay float32 so the engine feeds both precisions the same way.
-    return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
+    return convert_float_to_float16(src, keep_io_types=True, disable_shape_infer=True)
 
 
 def _save(model: onnx.ModelProto, path: Path, external: bool) -> None:
@@ -366,10 +368,12 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
     files: dict[str, dict[str, str]] = {}
     for stem, model in models.items():
         files[stem] = {"fp32": f"{stem}.fp32.onnx"}
+        # FP16 first: saving with external data turns the in-memory weights into file references.
+        half = _fp16(model) if p.fp16 else None
         _save(model, out / files[stem]["fp32"], p.external_data)
-        if p.fp16:
+        if half is not None:
             files[stem]["fp16"] = f"{stem}.fp16.onnx"
-            _save(_fp16(model), out / files[stem]["fp16"], p.external_data)
+            _save(half, out / files[stem]["fp16"], p.external_data)
     _save_npz(out / "llm_embeddings.npz", emb)
     (out / "tokenizer.json").write_text(_byte_level_tokenizer() + "\n")
     (out / "voices").mkdir(exist_ok=True)
