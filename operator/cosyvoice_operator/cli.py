@@ -1,0 +1,134 @@
+"""``cosyvoice-operator``: run the operator, or render a CosyVoiceService's children without a cluster.
+
+    cosyvoice-operator run --all-namespaces --liveness http://0.0.0.0:8080/healthz
+    cosyvoice-operator run -n speech -n speech-canary
+    cosyvoice-operator render -f examples/minimal.yaml | kubectl apply --dry-run=server -f -
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from . import render as rendering
+from .constants import API_VERSION, KIND, OPERATOR_VERSION
+from .spec import InvalidSpec, check_name, parse_spec
+
+
+def _documents(text: str) -> Iterator[dict[str, Any]]:
+    for doc in yaml.safe_load_all(text):
+        if isinstance(doc, dict) and doc.get("kind") == "List":
+            yield from (d for d in doc.get("items") or [] if isinstance(d, dict))
+        elif isinstance(doc, dict):
+            yield doc
+
+
+def render_file(text: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """Children of every CosyVoiceService in a YAML stream; other documents are ignored.
+
+    Raises InvalidSpec naming the offending resource. Owner references are left out: without a
+    cluster there is no uid to point at.
+    """
+    objects: list[dict[str, Any]] = []
+    found = 0
+    for doc in _documents(text):
+        if doc.get("kind") != KIND or str(doc.get("apiVersion", "")).split("/")[0] != API_VERSION.split("/")[0]:
+            continue
+        found += 1
+        name = (doc.get("metadata") or {}).get("name", "?")
+        try:
+            check_name(name)
+            spec = parse_spec(doc.get("spec"))
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"{KIND} {name}: {exc}") from None
+        owner = rendering.Owner(name=name, namespace=(doc.get("metadata") or {}).get("namespace") or namespace)
+        objects.extend(rendering.render(owner, spec).objects)
+    if not found:
+        raise InvalidSpec(f"no {KIND} ({API_VERSION}) found in the input")
+    return objects
+
+
+class _PlainDumper(yaml.SafeDumper):  # type: ignore[misc]
+    """No &anchors/*aliases: output meant for people and for kubectl."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _write(objects: list[dict[str, Any]], fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, out, indent=2)
+        out.write("\n")
+    else:
+        yaml.dump_all(objects, out, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    try:
+        objects = render_file(text, namespace=args.namespace)
+    except InvalidSpec as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _write(objects, args.output, sys.stdout)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import kopf  # imported here so that `render` works without the operator's runtime
+
+    from . import handlers  # noqa: F401  # registers the handlers
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.FULL)
+    namespaces = list(args.namespace or [])
+    memo = kopf.Memo(namespaces=None if args.all_namespaces else namespaces,
+                     resync_seconds=args.resync_seconds, cluster_domain=args.cluster_domain)
+    kopf.run(clusterwide=args.all_namespaces, namespaces=namespaces, liveness_endpoint=args.liveness,
+             standalone=args.peering is None, peering_name=args.peering, memo=memo)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cosyvoice-operator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {OPERATOR_VERSION}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator against the current cluster")
+    scope = run.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", action="append", help="namespace to serve (repeatable; globs allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace")
+    run.add_argument("--liveness", metavar="URL", default=None,
+                     help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--resync-seconds", type=float, default=60.0,
+                     help="period of the full resync: drift, status, GPU capacity (default 60)")
+    run.add_argument("--cluster-domain", default="cluster.local", help="DNS domain used in status.endpoint")
+    run.add_argument("--peering", metavar="NAME", default=None,
+                     help="kopf peering object for several operator replicas (default: standalone)")
+    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("--log-json", action="store_true", help="log as JSON lines")
+    run.set_defaults(func=_cmd_run)
+
+    rend = sub.add_parser("render", help="print the objects a CosyVoiceService produces (no cluster needed)")
+    rend.add_argument("-f", "--file", required=True, help="YAML file with CosyVoiceService(s), or - for stdin")
+    rend.add_argument("-n", "--namespace", default="default", help="namespace for resources that set none")
+    rend.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    rend.set_defaults(func=_cmd_render)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `render ... | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

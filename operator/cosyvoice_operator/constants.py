@@ -1,0 +1,62 @@
+"""Names shared by the CRD, the rendered children and the inference server contract.
+
+Everything a user could grep for (API group, labels, env names, ports) is defined once here.
+"""
+from __future__ import annotations
+
+from typing import Final
+
+OPERATOR_VERSION: Final = "0.1.0"
+
+# The custom resource.
+GROUP: Final = "tts.cosyvoice.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "CosyVoiceService"
+PLURAL: Final = "cosyvoiceservices"
+SHORT_NAME: Final = "cvs"
+
+# Images: the single place where the default server image is named.
+DEFAULT_IMAGE: Final = f"ghcr.io/cosyvoice-k8s/cosyvoice-server:{OPERATOR_VERSION}"
+OPERATOR_IMAGE: Final = f"ghcr.io/cosyvoice-k8s/cosyvoice-operator:{OPERATOR_VERSION}"
+
+# Labels (app.kubernetes.io/* recommended labels).
+APP_NAME: Final = "cosyvoice"
+MANAGER: Final = "cosyvoice-operator"
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_VERSION: Final = "app.kubernetes.io/version"
+COMPONENT: Final = "inference-server"
+
+# Annotation holding the last manifest the operator applied to a child (three-way merge base).
+LAST_APPLIED_ANNOTATION: Final = f"{GROUP}/last-applied"
+
+# Inference server contract.
+SERVER_PORT: Final = 8000
+SERVER_PORT_NAME: Final = "http"
+SERVER_COMMAND: Final = ("cosyvoice-server", "serve")
+FETCH_COMMAND: Final = ("cosyvoice-server", "fetch")
+HEALTH_PATH: Final = "/healthz"
+READY_PATH: Final = "/readyz"
+METRICS_PATH: Final = "/metrics"
+MODEL_MOUNT: Final = "/models"
+TMP_MOUNT: Final = "/tmp"
+API_KEY_DIR: Final = "/var/run/secrets/cosyvoice"
+API_KEY_FILE: Final = f"{API_KEY_DIR}/api-key"
+
+# NVIDIA device plugin / GPU feature discovery names.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
+LABEL_GPU_PRODUCT: Final = "nvidia.com/gpu.product"
+LABEL_MIG_STRATEGY: Final = "nvidia.com/mig.strategy"
+LABEL_MIG_CONFIG_STATE: Final = "nvidia.com/mig.config.state"
+
+# Condition types surfaced in status.conditions.
+COND_READY: Final = "Ready"
+COND_PROGRESSING: Final = "Progressing"
+COND_DEGRADED: Final = "Degraded"
+COND_CAPACITY: Final = "CapacityAvailable"
+CONDITION_TYPES: Final = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_CAPACITY)

@@ -1,0 +1,136 @@
+"""kopf handlers: the table of contents of the operator. Each one hands its work to ``Reconciler``.
+
+* startup/cleanup   configure kopf (watch timeouts, where kopf keeps its state), start the resync loop
+* CosyVoiceService  on resume, create and update (spec changes, ``kubectl scale``): reconcile
+* children          a Deployment, Service, PDB or pod of ours changed or vanished: reconcile its owner
+* resync loop       every ``resync_seconds``: drift, status and GPU capacity for every service
+* probe             ``/healthz`` (``run --liveness``) reports the last successful resync
+
+No timers or daemons on the CR: those make kopf put a finalizer on it, which blocks ``kubectl delete``
+whenever the operator is down. Children are removed by the garbage collector through their owner
+references instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import time
+from typing import Any, cast
+
+import kopf
+
+from .constants import GROUP, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
+from .kube import ApiError, Kube
+from .reconcile import Reconciler, owner_of
+from .spec import InvalidSpec
+
+CVS = (GROUP, VERSION, PLURAL)
+OURS = {LABEL_MANAGED_BY: MANAGER}
+CHILD_RESOURCES = (("apps", "v1", "deployments"), ("", "v1", "services"),
+                   ("policy", "v1", "poddisruptionbudgets"), ("", "v1", "pods"))
+DEFAULT_RESYNC_SECONDS = 60.0
+log = logging.getLogger(__name__)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings that keep a long-running operator healthy (exposed for tests)."""
+    # Silent watch hangs are kopf's most reported failure: bound every watch on both ends.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    # kopf's own bookkeeping goes to annotations in our group; status stays a clean, structural schema.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    # Only warnings from kopf's logs become Kubernetes events; our own events are explicit.
+    settings.posting.level = logging.WARNING
+    # Server-side filtering: watch only the children we manage (emulators may ignore it; handlers filter too).
+    for group, version, plural in CHILD_RESOURCES:
+        settings.watching.label_selectors[group, version, plural] = f"{LABEL_MANAGED_BY}={MANAGER}"
+
+
+def _record(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1000])
+    except LookupError:  # outside kopf's context (no event queue): keep the message in the log
+        log.info("%s %s: %s", type_, reason, message)
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(json.dumps(dict(body))))
+
+
+def _backoff(retry: int) -> float:
+    return float(min(300, 5 * 2 ** min(retry, 6)))
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure(settings)
+    if memo.get("kube") is None:
+        memo.kube = Kube.from_environment()
+    memo.reconciler = Reconciler(memo.kube, record=_record, cluster_domain=memo.get("cluster_domain", "cluster.local"))
+    memo.last_resync = None
+    memo.resync_task = asyncio.create_task(_resync_forever(memo))
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("resync_task")
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@kopf.on.resume(*CVS, id="reconcile-on-resume")
+@kopf.on.create(*CVS, id="reconcile-on-create")
+@kopf.on.update(*CVS, id="reconcile-on-update")
+def reconcile_service(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    try:
+        memo.reconciler.reconcile(_plain(body))
+    except InvalidSpec as exc:
+        raise kopf.PermanentError(str(exc)) from None  # status says why; wait for the next spec change
+    except ApiError as exc:
+        raise kopf.TemporaryError(str(exc), delay=_backoff(retry)) from None
+
+
+@kopf.on.event(*CHILD_RESOURCES[0], labels=OURS)
+@kopf.on.event(*CHILD_RESOURCES[1], labels=OURS)
+@kopf.on.event(*CHILD_RESOURCES[2], labels=OURS)
+@kopf.on.event(*CHILD_RESOURCES[3], labels=OURS)
+def child_changed(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    if type is None:
+        return  # the initial listing: resume handlers already cover existing services
+    owner = owner_of(_plain(body))
+    namespace = body.get("metadata", {}).get("namespace")
+    if owner and namespace:
+        memo.reconciler.nudge(namespace, owner)
+
+
+@kopf.on.probe(id="lastResync")
+def last_resync(memo: kopf.Memo, **_: Any) -> float | None:
+    return memo.get("last_resync")
+
+
+async def _resync_forever(memo: kopf.Memo) -> None:
+    interval = float(memo.get("resync_seconds") or DEFAULT_RESYNC_SECONDS)
+    namespaces = memo.get("namespaces")  # None: every namespace
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            # Copy kopf's context into the worker thread so that events can be posted from there.
+            ctx = contextvars.copy_context()
+            count = await loop.run_in_executor(None, ctx.run, memo.reconciler.resync, namespaces)
+        except ApiError as exc:
+            log.warning("resync failed, retrying in %.0fs: %s", interval, exc)
+            continue
+        except Exception:  # the loop must survive anything a single pass throws
+            log.exception("resync failed unexpectedly")
+            continue
+        memo.last_resync = time.time()
+        log.debug("resynced %d CosyVoiceService(s)", count)

@@ -1,0 +1,315 @@
+"""One reconciliation of a CosyVoiceService: parse → render → create-or-patch children → status.
+
+No kopf here: handlers call ``Reconciler``, tests can drive it directly, and events go through the
+``Recorder`` callback the caller provides. Calls are synchronous (kopf runs them in worker threads);
+a lock per CosyVoiceService keeps two threads from reconciling the same object at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import apply, capacity, kube, render
+from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER
+from .spec import CosyVoiceServiceSpec, InvalidSpec, check_name, parse_spec
+from .status import Condition, Observed, conditions_for, invalid_conditions, parse_conditions, render_conditions, \
+    status_body, transitions
+
+Obj = dict[str, Any]
+Recorder = Callable[[Obj, str, str, str], None]  # (owner body, "Normal"|"Warning", reason, message)
+log = logging.getLogger(__name__)
+
+
+class ChildConflict(InvalidSpec):
+    """A child's name is taken by an object this CosyVoiceService does not own."""
+
+
+def _no_events(obj: Obj, type_: str, reason: str, message: str) -> None:
+    log.info("%s %s: %s", type_, reason, message)
+
+
+@dataclass
+class ClusterView:
+    """Nodes and pods listed once per resync and shared by every CosyVoiceService's capacity check."""
+    nodes: list[Obj]
+    pods: list[Obj]
+
+
+@dataclass
+class Result:
+    status: Obj
+    actions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _KeyState:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dirty: bool = False
+    draining: bool = False
+
+
+def is_controlled_by(obj: Obj, uid: str | None) -> bool:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND and ref.get("uid") == uid:
+            return True
+    return False
+
+
+def _has_foreign_controller(obj: Obj) -> bool:
+    return any(ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _ours_by_labels(obj: Obj, name: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_MANAGED_BY) == MANAGER and labels.get(LABEL_INSTANCE) == name
+
+
+class Reconciler:
+    def __init__(self, client: kube.Kube, record: Recorder = _no_events, cluster_domain: str = "cluster.local") -> None:
+        self.kube = client
+        self.record = record
+        self.cluster_domain = cluster_domain
+        self._guard = threading.Lock()
+        self._keys: dict[tuple[str, str], _KeyState] = {}
+        self._created: set[tuple[str, str]] = set()  # (owner uid, kind) this process has created
+        self._warned: set[tuple[str, str, int | None]] = set()
+
+    # --- entry points -----------------------------------------------------------------------------
+
+    def reconcile(self, cr: Obj, *, assess_capacity: bool = True, cluster: ClusterView | None = None) -> Result | None:
+        """Apply one CosyVoiceService. Raises InvalidSpec (after recording it in status) or kube.ApiError.
+
+        The object is read again under the lock: another thread may have written its status since
+        ``cr`` was observed, and conditions must build on the latest one.
+        """
+        meta = cr.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "", meta["name"]
+        with self._state(namespace, name).lock:
+            latest = self.kube.get(kube.COSYVOICESERVICES, namespace, name)
+            if latest is None:
+                return None  # deleted: owner references let the garbage collector remove the children
+            return self._reconcile(latest, assess_capacity=assess_capacity, cluster=cluster)
+
+    def nudge(self, namespace: str, name: str) -> None:
+        """Re-reconcile after a child changed. Bursts (a rollout touches many pods) collapse into one pass."""
+        state = self._state(namespace, name)
+        with self._guard:
+            state.dirty = True
+            if state.draining:
+                return  # the thread already looping for this key will pick the change up
+            state.draining = True
+        try:
+            while True:
+                with self._guard:
+                    if not state.dirty:
+                        return
+                    state.dirty = False
+                # An invalid spec is already in status; nothing to retry until the spec changes.
+                with contextlib.suppress(InvalidSpec):
+                    self.reconcile({"metadata": {"namespace": namespace, "name": name}}, assess_capacity=False)
+        finally:
+            with self._guard:
+                state.draining = False
+
+    def resync(self, namespaces: Iterable[str] | None = None) -> int:
+        """Reconcile every CosyVoiceService in ``namespaces`` (all when None), with fresh capacity figures."""
+        crs = self._list_services(namespaces)
+        cluster = None
+        if any((cr.get("spec") or {}).get("gpu") for cr in crs):
+            cluster = self._cluster_view()
+        done = 0
+        for cr in crs:
+            try:
+                self.reconcile(cr, cluster=cluster)
+                done += 1
+            except InvalidSpec:
+                pass
+            except kube.ApiError as exc:
+                log.warning("resync of %s/%s failed: %s", cr["metadata"].get("namespace"), cr["metadata"]["name"], exc)
+        return done
+
+    def _list_services(self, namespaces: Iterable[str] | None) -> list[Obj]:
+        patterns = list(namespaces) if namespaces is not None else None
+        if patterns is not None and not any(set(p) & set("*?[!,") for p in patterns):
+            return [cr for ns in patterns for cr in self.kube.list(kube.COSYVOICESERVICES, ns)]
+        # Globs and exclusions (kopf's --namespace syntax): list everywhere, keep the matching ones.
+        return [cr for cr in self.kube.list(kube.COSYVOICESERVICES)
+                if patterns is None or namespace_matches((cr.get("metadata") or {}).get("namespace") or "", patterns)]
+
+    # --- the steps --------------------------------------------------------------------------------
+
+    def _state(self, namespace: str, name: str) -> _KeyState:
+        with self._guard:
+            return self._keys.setdefault((namespace, name), _KeyState())
+
+    def _reconcile(self, cr: Obj, *, assess_capacity: bool, cluster: ClusterView | None) -> Result | None:
+        meta = cr.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return None
+        owner = render.Owner.from_body(cr)
+        generation = meta.get("generation")
+        previous_status: Obj = cr.get("status") or {}
+        previous = parse_conditions(previous_status)
+        try:
+            check_name(owner.name)
+            spec = parse_spec(cr.get("spec"))
+            rendered = render.render(owner, spec)
+            actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
+        except InvalidSpec as exc:
+            self._record_invalid(cr, exc, previous, previous_status, generation)
+            raise
+        for api_version, kind_ in rendered.absent:
+            if (a := self._ensure_absent(cr, owner, kube.resource_of(api_version, kind_))):
+                actions.append(a)
+
+        deployment = self.kube.get(kube.DEPLOYMENTS, owner.namespace, owner.name)
+        pods = self.kube.list(kube.PODS, owner.namespace, render.selector_labels(owner.name))
+        assessment = self._assess(owner, spec, cluster) if assess_capacity else None
+        observed = Observed(desired=spec.replicas, deployment=deployment, pods=pods, capacity=assessment,
+                            gpu_requested=spec.gpu is not None, max_unavailable=spec.rollout.max_unavailable)
+        conditions = conditions_for(observed, previous)
+        for type_, reason, message in transitions(previous, conditions):
+            self.record(cr, type_, reason, message)
+        status = status_body(
+            generation=generation, observed=observed,
+            conditions=render_conditions(conditions, previous_status, generation),
+            selector=render.selector_string(owner.name), endpoint=render.endpoint(owner, spec, self.cluster_domain),
+            gpu_resource=spec.gpu.resource if spec.gpu else None)
+        self._patch_status(owner, status, previous_status)
+        return Result(status=status, actions=actions)
+
+    def _ensure(self, cr: Obj, owner: render.Owner, desired: Obj) -> str | None:
+        """Create the child or patch it towards ``desired``; a short description of what was done."""
+        res = kube.resource_of(desired["apiVersion"], desired["kind"])
+        name = desired["metadata"]["name"]
+        target = apply.with_last_applied(desired)
+        try:
+            return self._create_or_patch(cr, owner, res, name, target)
+        except kube.ApiError as exc:
+            if exc.status in (400, 422):  # the API server's own validation: the spec cannot work as written
+                raise InvalidSpec(f"the API server rejected {res.kind} {name}: {exc.message or exc.reason}") from None
+            raise
+
+    def _create_or_patch(self, cr: Obj, owner: render.Owner, res: kube.Resource, name: str, target: Obj) -> str | None:
+        live = self.kube.get(res, owner.namespace, name)
+        if live is None:
+            try:
+                self.kube.create(res, target)
+            except kube.Conflict:
+                live = self.kube.get(res, owner.namespace, name)  # created concurrently: patch it below
+                if live is None:
+                    raise
+            except kube.NotFound:
+                if res is kube.SERVICE_MONITORS:
+                    self._warn_once(cr, "ServiceMonitorUnavailable",
+                                    "monitoring.coreos.com/v1 ServiceMonitor is not served by this cluster "
+                                    "(Prometheus Operator missing?); pods keep their prometheus.io/* annotations")
+                    return None
+                raise
+            else:
+                again = (owner.uid or "", res.kind) in self._created
+                self._created.add((owner.uid or "", res.kind))
+                verb = "Recreated" if again else "Created"
+                message = f"{verb} {res.kind} {name}" + (" (it was deleted)" if again else "")
+                self.record(cr, "Normal", verb, message)
+                return message
+        # Adopt only what is unowned and labelled as ours (e.g. applied from `render`), never a stranger's.
+        if owner.uid and not is_controlled_by(live, owner.uid) and (
+                _has_foreign_controller(live) or not _ours_by_labels(live, owner.name)):
+            raise ChildConflict(f"{res.kind} {owner.namespace}/{name} already exists and is not controlled by "
+                                f"this {KIND}; delete or rename it")
+        self._created.add((owner.uid or "", res.kind))
+        patch = apply.merge_patch(target, live)
+        if not patch:
+            return None
+        self.kube.patch(res, owner.namespace, name, patch)
+        paths = apply.changed_paths(patch)
+        message = f"Updated {res.kind} {name}: {', '.join(paths) if paths else 'metadata'}"
+        self.record(cr, "Normal", "Updated", message)
+        return message
+
+    def _ensure_absent(self, cr: Obj, owner: render.Owner, res: kube.Resource) -> str | None:
+        try:
+            live = self.kube.get(res, owner.namespace, owner.name)
+        except kube.ApiError as exc:
+            if res is kube.SERVICE_MONITORS:
+                return None  # the kind is not served at all
+            raise exc
+        if live is None or not (is_controlled_by(live, owner.uid) if owner.uid else _ours_by_labels(live, owner.name)):
+            return None
+        self.kube.delete(res, owner.namespace, owner.name)
+        self._created.discard((owner.uid or "", res.kind))
+        message = f"Deleted {res.kind} {owner.name} (disabled in the spec)"
+        self.record(cr, "Normal", "Deleted", message)
+        return message
+
+    def _cluster_view(self) -> ClusterView:
+        return ClusterView(nodes=self.kube.list(kube.NODES), pods=self.kube.list(kube.PODS))
+
+    def _assess(self, owner: render.Owner, spec: CosyVoiceServiceSpec,
+                cluster: ClusterView | None) -> capacity.Assessment | None:
+        request = capacity.request_from_spec(owner.name, spec)
+        if request is None:
+            return None
+        try:
+            view = cluster or self._cluster_view()
+        except kube.ApiError as exc:
+            if exc.status in (401, 403):
+                return capacity.Assessment("Unknown", "NodesUnreadable",
+                                           f"cannot list nodes and pods to check GPU capacity: {exc}")
+            raise
+        return capacity.assess(request, view.nodes, view.pods)
+
+    def _record_invalid(self, cr: Obj, exc: InvalidSpec, previous: dict[str, Condition], previous_status: Obj,
+                        generation: int | None) -> None:
+        reason, message = type(exc).__name__, str(exc)
+        old = previous.get("Ready")
+        if old is None or old.reason != reason or old.message != message:
+            self.record(cr, "Warning", reason, message)
+        conditions = invalid_conditions(message, previous, reason)
+        status: Obj = {"conditions": render_conditions(conditions, previous_status, generation)}
+        if generation is not None:
+            status["observedGeneration"] = generation
+        owner = render.Owner.from_body(cr)
+        self._patch_status(owner, status, previous_status)
+
+    def _patch_status(self, owner: render.Owner, status: Obj, previous: Obj) -> None:
+        body = {k: v for k, v in status.items() if v is not None or k in previous}
+        if apply.contains(previous, body):
+            return  # unchanged: no write, no watch event, no churn
+        with contextlib.suppress(kube.NotFound):  # deleted meanwhile
+            self.kube.patch(kube.COSYVOICESERVICES, owner.namespace, owner.name, {"status": body},
+                            subresource="status")
+
+    def _warn_once(self, cr: Obj, reason: str, message: str) -> None:
+        meta = cr.get("metadata") or {}
+        key = (meta.get("uid") or meta.get("name", ""), reason, meta.get("generation"))
+        if key not in self._warned:
+            self._warned.add(key)
+            self.record(cr, "Warning", reason, message)
+
+
+def namespace_matches(namespace: str, patterns: Iterable[str]) -> bool:
+    """kopf's namespace patterns: globs, comma-separated, ``!glob`` excludes."""
+    items = [item.strip() for p in patterns for item in p.split(",") if item.strip()]
+    included = any(fnmatch.fnmatchcase(namespace, i) for i in items if not i.startswith("!"))
+    excluded = any(fnmatch.fnmatchcase(namespace, i[1:]) for i in items if i.startswith("!"))
+    only_exclusions = all(i.startswith("!") for i in items)
+    return (included or only_exclusions) and not excluded
+
+
+def owner_of(child: Obj) -> str | None:
+    """The name of the CosyVoiceService a child (or one of its pods) belongs to, if any."""
+    meta = child.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION:
+            return str(ref.get("name"))
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_MANAGED_BY) == MANAGER and labels.get(LABEL_INSTANCE):
+        return str(labels[LABEL_INSTANCE])  # pods are owned by ReplicaSets; the label names the service
+    return None

@@ -1,0 +1,400 @@
+"""Pure functions: a CosyVoiceService (identity + parsed spec) → the Kubernetes objects that run it.
+
+No Kubernetes client here: ``cosyvoice-operator render`` prints these objects without a cluster, and
+the operator applies exactly what this module returns.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import mig
+from .constants import (
+    API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, HEALTH_PATH,
+    KIND, LABEL_COMPONENT, LABEL_GPU_PRODUCT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
+    LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_MOUNT, READY_PATH, SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME,
+    TMP_MOUNT,
+)
+from .spec import CosyVoiceServiceSpec
+
+Obj = dict[str, Any]
+
+CONTAINER_NAME = "server"
+FETCH_CONTAINER_NAME = "fetch-model"
+RUN_AS_ID = 10001
+DEFAULT_MODEL_SIZE_LIMIT = "20Gi"
+TMP_SIZE_LIMIT = "2Gi"
+# Headroom left to the CUDA context and cuDNN workspaces when the arena is capped to a MIG slice.
+GPU_ARENA_FRACTION = 0.9
+# Seconds between the end of the drain and SIGKILL: time for the process to exit after draining.
+EXIT_MARGIN_SECONDS = 5
+DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "1", "memory": "4Gi"},
+    "limits": {"memory": "8Gi"},
+}
+
+DEPLOYMENT = ("apps/v1", "Deployment")
+SERVICE = ("v1", "Service")
+PDB = ("policy/v1", "PodDisruptionBudget")
+SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+# Every kind the operator may own, in the order it applies them.
+CHILD_KINDS = (SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR)
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who the children belong to. ``uid`` is None when rendering a file without a cluster."""
+    name: str
+    namespace: str
+    uid: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Obj, default_namespace: str = "default") -> Owner:
+        meta = body.get("metadata") or {}
+        return cls(name=meta["name"], namespace=meta.get("namespace") or default_namespace, uid=meta.get("uid"))
+
+
+@dataclass
+class Rendered:
+    objects: list[Obj]
+    # (apiVersion, kind) of children named like the owner that must not exist (e.g. a disabled PDB).
+    absent: list[tuple[str, str]] = field(default_factory=list)
+
+    def get(self, kind: str) -> Obj | None:
+        return next((o for o in self.objects if o["kind"] == kind), None)
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name}
+
+
+def selector_string(name: str) -> str:
+    """``status.selector`` for the scale subresource (HPA/KEDA read it to find the pods)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def endpoint(owner: Owner, spec: CosyVoiceServiceSpec, cluster_domain: str = "cluster.local") -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc.{cluster_domain}:{spec.service.port}"
+
+
+def image_version(image: str) -> str | None:
+    """The tag of ``repo:tag`` when it is a valid label value; None for digests or odd tags."""
+    if "@" in image:
+        return None
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return None
+    tag = last.split(":", 1)[1]
+    return tag if len(tag) <= 63 and _LABEL_VALUE.match(tag) else None
+
+
+def common_labels(name: str, spec: CosyVoiceServiceSpec) -> dict[str, str]:
+    labels = {**selector_labels(name), LABEL_COMPONENT: COMPONENT, LABEL_PART_OF: APP_NAME, LABEL_MANAGED_BY: MANAGER}
+    version = image_version(spec.image)
+    if version:
+        labels[LABEL_VERSION] = version
+    return labels
+
+
+def _metadata(owner: Owner, spec: CosyVoiceServiceSpec, name: str | None = None) -> Obj:
+    meta: Obj = {"name": name or owner.name, "namespace": owner.namespace, "labels": common_labels(owner.name, spec)}
+    if owner.uid:
+        meta["ownerReferences"] = [{
+            "apiVersion": API_VERSION, "kind": KIND, "name": owner.name, "uid": owner.uid,
+            "controller": True, "blockOwnerDeletion": True,
+        }]
+    return meta
+
+
+# --- the pod --------------------------------------------------------------------------------------
+
+def gpu_memory_limit_bytes(spec: CosyVoiceServiceSpec) -> int | None:
+    if spec.gpu is None:
+        return None
+    if spec.gpu.memory_limit_bytes is not None:
+        return spec.gpu.memory_limit_bytes or None  # 0 means "no cap"
+    if spec.gpu.mig_profile:
+        return int(mig.profile_memory_gb(spec.gpu.mig_profile) * 10**9 * GPU_ARENA_FRACTION)
+    return None  # a whole GPU of unknown size: let the server use what it finds
+
+
+def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
+    """The server's configuration; entries in ``spec.env`` override these by name."""
+    values: dict[str, str] = {
+        # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
+        "HOME": TMP_MOUNT,
+        "COSYVOICE_HOST": "0.0.0.0",
+        "COSYVOICE_PORT": str(SERVER_PORT),
+        "COSYVOICE_DEVICE": "cuda" if spec.gpu is not None else "cpu",
+        "COSYVOICE_PRECISION": spec.effective_precision,
+        "COSYVOICE_SERVED_MODEL_NAME": spec.served_model_name,
+        "COSYVOICE_MAX_BATCH_SIZE": str(spec.batching.max_batch_size),
+        "COSYVOICE_MAX_QUEUE_DELAY_MS": str(spec.batching.max_queue_delay_ms),
+        "COSYVOICE_MAX_QUEUE_SIZE": str(spec.batching.max_queue_size),
+        "COSYVOICE_REQUEST_TIMEOUT_S": str(spec.batching.request_timeout_seconds),
+        "COSYVOICE_DRAIN_TIMEOUT_S": str(spec.shutdown.drain_timeout_seconds),
+    }
+    if spec.storage is not None:
+        values["COSYVOICE_MODEL_DIR"] = MODEL_MOUNT
+    mem = gpu_memory_limit_bytes(spec)
+    if mem:
+        values["COSYVOICE_GPU_MEM_LIMIT_BYTES"] = str(mem)
+    if spec.api_key_secret is not None:
+        values["COSYVOICE_API_KEY_FILE"] = API_KEY_FILE
+    env: list[Obj] = [{"name": k, "value": v} for k, v in values.items()]
+    for user in spec.env:
+        item = user.model_dump(by_alias=True, exclude_none=True)
+        env = [e for e in env if e["name"] != user.name] + [item]
+    return env
+
+
+def container_resources(spec: CosyVoiceServiceSpec) -> Obj:
+    if spec.resources is None:
+        resources: Obj = {k: dict(v) for k, v in DEFAULT_RESOURCES.items()}
+    else:
+        resources = {k: dict(v) for k, v in (("requests", spec.resources.requests),
+                                               ("limits", spec.resources.limits)) if v}
+    if spec.gpu is not None:
+        # Extended resources cannot be overcommitted: requests must equal limits.
+        for section in ("requests", "limits"):
+            resources.setdefault(section, {})[spec.gpu.resource] = 1
+    return resources
+
+
+def container_security_context() -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_ID,
+        "runAsGroup": RUN_AS_ID,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _probe(path: str, period: int, timeout: int, failures: int) -> Obj:
+    return {"httpGet": {"path": path, "port": SERVER_PORT_NAME}, "periodSeconds": period,
+            "timeoutSeconds": timeout, "failureThreshold": failures}
+
+
+def server_container(spec: CosyVoiceServiceSpec) -> Obj:
+    mounts: list[Obj] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
+    if spec.storage is not None:
+        mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+        if spec.storage.pvc is not None and spec.storage.pvc.sub_path:
+            mount["subPath"] = spec.storage.pvc.sub_path
+        mounts.append(mount)
+    if spec.api_key_secret is not None:
+        mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
+    container: Obj = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": list(SERVER_COMMAND),
+        "ports": [{"name": SERVER_PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        "env": server_env(spec),
+        "resources": container_resources(spec),
+        # Startup allows a slow first model load; liveness then only catches a wedged process.
+        "startupProbe": _probe(HEALTH_PATH, period=5, timeout=2, failures=120),
+        "livenessProbe": _probe(HEALTH_PATH, period=10, timeout=3, failures=3),
+        "readinessProbe": _probe(READY_PATH, period=5, timeout=2, failures=2),
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.shutdown.pre_stop_sleep_seconds:
+        # The sleep lets endpoint removal reach every kube-proxy/ingress before SIGTERM starts the drain.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": spec.shutdown.pre_stop_sleep_seconds}}}
+    return container
+
+
+def fetch_container(spec: CosyVoiceServiceSpec) -> Obj | None:
+    storage = spec.storage
+    if storage is None or storage.storage_uri is None:
+        return None
+    command = [*FETCH_COMMAND, "--uri", storage.storage_uri, "--dest", MODEL_MOUNT]
+    if storage.sha256:
+        command += ["--sha256", storage.sha256]
+    container: Obj = {
+        "name": FETCH_CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": command,
+        "env": [{"name": "HOME", "value": TMP_MOUNT}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}, {"name": "tmp", "mountPath": TMP_MOUNT}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if storage.credentials_secret is not None:
+        container["envFrom"] = [{"secretRef": {"name": storage.credentials_secret.name}}]
+    return container
+
+
+def volumes(spec: CosyVoiceServiceSpec) -> list[Obj]:
+    vols: list[Obj] = [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}]
+    storage = spec.storage
+    if storage is not None and storage.pvc is not None:
+        vols.append({"name": "model", "persistentVolumeClaim": {
+            "claimName": storage.pvc.claim_name, "readOnly": storage.pvc.read_only}})
+    elif storage is not None:
+        size = storage.size_limit if storage.size_limit is not None else DEFAULT_MODEL_SIZE_LIMIT
+        vols.append({"name": "model", "emptyDir": {"sizeLimit": size}})
+    if spec.api_key_secret is not None:
+        vols.append({"name": "api-key", "secret": {
+            "secretName": spec.api_key_secret.name,
+            "items": [{"key": spec.api_key_secret.key, "path": API_KEY_FILE.rsplit("/", 1)[-1]}],
+            "defaultMode": 0o440}})
+    return vols
+
+
+def node_selector(spec: CosyVoiceServiceSpec) -> dict[str, str]:
+    selector = dict(spec.node_selector)
+    gpu = spec.gpu
+    if gpu is not None and gpu.product:
+        if gpu.mig_strategy == "single" and gpu.mig_profile:
+            selector[LABEL_GPU_PRODUCT] = mig.single_strategy_product_label(gpu.product, gpu.mig_profile)
+        else:
+            selector[LABEL_GPU_PRODUCT] = gpu.product
+    return selector
+
+
+def tolerations(spec: CosyVoiceServiceSpec) -> list[Obj]:
+    items = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    # GPU nodes are commonly tainted nvidia.com/gpu:NoSchedule so that only GPU pods land there.
+    if spec.gpu is not None and not any(t.key == GPU_RESOURCE for t in spec.tolerations):
+        items.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return items
+
+
+def pod_annotations(spec: CosyVoiceServiceSpec) -> dict[str, str]:
+    annotations = {"kubectl.kubernetes.io/default-container": CONTAINER_NAME}
+    if spec.monitoring.enabled:
+        annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(SERVER_PORT),
+                            "prometheus.io/path": METRICS_PATH})
+    annotations.update(spec.pod_annotations)
+    return annotations
+
+
+def termination_grace_seconds(spec: CosyVoiceServiceSpec) -> int:
+    """Must exceed preStop sleep + drain timeout, or in-flight syntheses are cut off by SIGKILL."""
+    return spec.shutdown.pre_stop_sleep_seconds + spec.shutdown.drain_timeout_seconds + EXIT_MARGIN_SECONDS
+
+
+def pod_spec(spec: CosyVoiceServiceSpec) -> Obj:
+    pod: Obj = {
+        # Service links would inject COSYVOICE_PORT=tcp://... into pods when a Service is named "cosyvoice".
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID,
+            # Skip the recursive chown of a large model volume on every start.
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [server_container(spec)],
+        "volumes": volumes(spec),
+    }
+    fetch = fetch_container(spec)
+    if fetch is not None:
+        pod["initContainers"] = [fetch]
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    if spec.priority_class_name:
+        pod["priorityClassName"] = spec.priority_class_name
+    selector = node_selector(spec)
+    if selector:
+        pod["nodeSelector"] = selector
+    tols = tolerations(spec)
+    if tols:
+        pod["tolerations"] = tols
+    if spec.affinity:
+        pod["affinity"] = spec.affinity
+    return pod
+
+
+# --- the children ---------------------------------------------------------------------------------
+
+def deployment(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
+    template_labels = {**spec.pod_labels, **common_labels(owner.name, spec)}
+    return {
+        "apiVersion": DEPLOYMENT[0], "kind": DEPLOYMENT[1],
+        "metadata": _metadata(owner, spec),
+        "spec": {
+            "replicas": spec.replicas,
+            "revisionHistoryLimit": 5,
+            "progressDeadlineSeconds": spec.rollout.progress_deadline_seconds,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {
+                "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
+            "template": {
+                "metadata": {"labels": template_labels, "annotations": pod_annotations(spec)},
+                "spec": pod_spec(spec),
+            },
+        },
+    }
+
+
+def service(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
+    meta = _metadata(owner, spec)
+    if spec.service.annotations:
+        meta["annotations"] = dict(spec.service.annotations)
+    return {
+        "apiVersion": SERVICE[0], "kind": SERVICE[1],
+        "metadata": meta,
+        "spec": {
+            "type": spec.service.type,
+            "selector": selector_labels(owner.name),
+            "ports": [{"name": SERVER_PORT_NAME, "port": spec.service.port, "targetPort": SERVER_PORT_NAME,
+                       "protocol": "TCP", "appProtocol": "http"}],
+        },
+    }
+
+
+def pod_disruption_budget(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
+    pdb = spec.pod_disruption_budget
+    if not pdb.enabled:
+        return None
+    body: Obj = {"selector": {"matchLabels": selector_labels(owner.name)},
+                 # A crash-looping pod must not block node drains.
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+    if pdb.min_available is not None:
+        body["minAvailable"] = pdb.min_available
+    else:
+        body["maxUnavailable"] = pdb.max_unavailable if pdb.max_unavailable is not None else 1
+    return {"apiVersion": PDB[0], "kind": PDB[1], "metadata": _metadata(owner, spec), "spec": body}
+
+
+def service_monitor(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
+    sm = spec.monitoring.service_monitor
+    if not (spec.monitoring.enabled and sm.enabled):
+        return None
+    meta = _metadata(owner, spec)
+    meta["labels"] = {**sm.labels, **meta["labels"]}
+    return {
+        "apiVersion": SERVICE_MONITOR[0], "kind": SERVICE_MONITOR[1],
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "endpoints": [{"port": SERVER_PORT_NAME, "path": METRICS_PATH, "interval": sm.interval}],
+        },
+    }
+
+
+def render(owner: Owner, spec: CosyVoiceServiceSpec) -> Rendered:
+    """All children of one CosyVoiceService, in the order they should be applied."""
+    objects: list[Obj] = [service(owner, spec), deployment(owner, spec)]
+    absent: list[tuple[str, str]] = []
+    for kind, obj in ((PDB, pod_disruption_budget(owner, spec)), (SERVICE_MONITOR, service_monitor(owner, spec))):
+        if obj is None:
+            absent.append(kind)
+        else:
+            objects.append(obj)
+    return Rendered(objects=objects, absent=absent)

@@ -1,0 +1,327 @@
+"""The CosyVoiceService spec as typed models.
+
+The CRD's openAPIV3Schema and CEL rules reject bad specs at admission; these models re-check the same
+invariants because specs also arrive from files (``cosyvoice-operator render``), from clusters whose
+CRD is older than the operator, or through paths that skip validation. Defaults here match the CRD's
+defaults (a test holds them together), so a spec parses the same whether or not the API server
+defaulted it.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from . import mig
+from .constants import DEFAULT_IMAGE
+
+QUANTITY_RE = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+               r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+PERCENT_RE = r"^[0-9]+%$"
+DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+STORAGE_URI_RE = r"^(file|https?|s3|gs)://\S+$"
+
+Quantity = int | Annotated[str, Field(pattern=QUANTITY_RE)]
+IntOrPercent = Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=PERCENT_RE)]
+Precision = Literal["fp32", "fp16", "int8"]
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be deployed as written; retrying will not help until a user edits it."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+                              strict=True)  # "3" is not 3: the API server would reject it too
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class LocalObjectReference(_Model):
+    name: str = Field(min_length=1, max_length=253)
+
+
+# --- model source -------------------------------------------------------------------------------
+
+class PVCSource(_Model):
+    claim_name: str = Field(min_length=1, max_length=253)
+    sub_path: str | None = Field(default=None, max_length=1024)
+    read_only: bool = True
+
+
+class Storage(_Model):
+    pvc: PVCSource | None = None
+    storage_uri: str | None = Field(default=None, pattern=STORAGE_URI_RE, max_length=2048)
+    sha256: str | None = Field(default=None, pattern=r"^[a-f0-9]{64}$")
+    size_limit: Quantity | None = None
+    credentials_secret: LocalObjectReference | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Storage:
+        if (self.pvc is None) == (self.storage_uri is None):
+            raise ValueError("set exactly one of storage.pvc or storage.storageUri")
+        if self.storage_uri is None:
+            for name, value in (("sha256", self.sha256), ("sizeLimit", self.size_limit),
+                                ("credentialsSecret", self.credentials_secret)):
+                if value is not None:
+                    raise ValueError(f"storage.{name} applies to storage.storageUri only")
+        return self
+
+
+# --- GPU placement ------------------------------------------------------------------------------
+
+class Gpu(_Model):
+    mig_profile: str | None = Field(default=None, pattern=mig.PROFILE_PATTERN.pattern)
+    mig_strategy: mig.MigStrategy = "mixed"
+    product: str | None = Field(default=None, max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+    memory_limit_bytes: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _strategy_matches_profile(self) -> Gpu:
+        if self.mig_strategy == "none" and self.mig_profile is not None:
+            raise ValueError("gpu.migProfile must not be set with gpu.migStrategy none (a whole GPU)")
+        if self.mig_strategy != "none" and self.mig_profile is None:
+            raise ValueError("gpu.migProfile is required unless gpu.migStrategy is none")
+        if self.mig_strategy == "single" and self.product is None:
+            raise ValueError("gpu.product is required with gpu.migStrategy single "
+                             "(nodes are selected by nvidia.com/gpu.product=<product>-MIG-<profile>)")
+        if self.mig_profile and self.product:
+            error = mig.profile_error(self.mig_profile, self.product)
+            if error:
+                raise ValueError(error)
+        return self
+
+    @property
+    def resource(self) -> str:
+        return mig.resource_name(self.mig_strategy, self.mig_profile)
+
+
+# --- autoscaling (schema only; the autoscaler reads it) -----------------------------------------
+
+class ScalingPolicy(_Model):
+    type: Literal["Pods", "Percent"]
+    value: int = Field(ge=1)
+    period_seconds: int = Field(ge=1, le=1800)
+
+
+class ScalingRules(_Model):
+    stabilization_window_seconds: int | None = Field(default=None, ge=0, le=3600)
+    policies: list[ScalingPolicy] = Field(default_factory=list, max_length=10)
+    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
+
+
+class PrometheusSource(_Model):
+    url: str = Field(pattern=r"^https?://\S+$", max_length=2048)
+    bearer_token_secret: SecretKeyRef | None = None
+    insecure_skip_verify: bool = False
+    ca_secret: SecretKeyRef | None = None
+
+
+class QueryOverrides(_Model):
+    p95_latency_ms: str | None = Field(default=None, max_length=4096)
+    time_to_first_audio_ms: str | None = Field(default=None, max_length=4096)
+    qps: str | None = Field(default=None, max_length=4096)
+    inflight: str | None = Field(default=None, max_length=4096)
+
+
+class Fallback(_Model):
+    replicas: int = Field(ge=0, le=1000)
+    failure_threshold: int = Field(default=3, ge=1, le=100)
+
+
+class Autoscaling(_Model):
+    enabled: bool = False
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int | None = Field(default=None, ge=1, le=1000)
+    target_p95_latency_ms: int | None = Field(default=None, ge=1)
+    target_time_to_first_audio_ms: int | None = Field(default=None, ge=1)
+    target_qps_per_replica: float | None = Field(default=None, gt=0, alias="targetQPSPerReplica")
+    target_inflight_per_replica: float | None = Field(default=None, gt=0)
+    tolerance: float = Field(default=0.1, ge=0, le=1)
+    scale_up: ScalingRules | None = None
+    scale_down: ScalingRules | None = None
+    interval_seconds: int = Field(default=15, ge=1, le=3600)
+    prometheus: PrometheusSource | None = None
+    queries: QueryOverrides | None = None
+    fallback: Fallback | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+        if self.enabled:
+            if self.max_replicas is None:
+                raise ValueError("autoscaling.maxReplicas is required when autoscaling is enabled")
+            if not any(v is not None for v in (self.target_p95_latency_ms, self.target_time_to_first_audio_ms,
+                                               self.target_qps_per_replica, self.target_inflight_per_replica)):
+                raise ValueError("autoscaling needs at least one target (targetQPSPerReplica, "
+                                 "targetInflightPerReplica, targetP95LatencyMs or targetTimeToFirstAudioMs)")
+        if self.fallback and self.max_replicas is not None and self.fallback.replicas > self.max_replicas:
+            raise ValueError("autoscaling.fallback.replicas must not exceed autoscaling.maxReplicas")
+        return self
+
+
+# --- server configuration -----------------------------------------------------------------------
+
+class Batching(_Model):
+    max_batch_size: int = Field(default=8, ge=1, le=256)
+    max_queue_delay_ms: int = Field(default=5, ge=0, le=1000)
+    max_queue_size: int = Field(default=256, ge=1, le=100000)
+    request_timeout_seconds: int = Field(default=60, ge=1, le=3600)
+
+
+class Shutdown(_Model):
+    drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
+    pre_stop_sleep_seconds: int = Field(default=5, ge=0, le=120)
+
+
+class Resources(_Model):
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=32)
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=32)
+
+    @model_validator(mode="after")
+    def _no_gpu_keys(self) -> Resources:
+        for key in [*self.requests, *self.limits]:
+            if key.startswith("nvidia.com/"):
+                raise ValueError("GPU resources come from spec.gpu; remove nvidia.com/* from spec.resources")
+        return self
+
+
+class EnvVar(_Model):
+    name: str = Field(min_length=1, max_length=256)
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+# --- exposure and availability ------------------------------------------------------------------
+
+class ServiceSpec(_Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(default=8000, ge=1, le=65535)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+def _is_zero(value: int | str) -> bool:
+    return value == 0 or value == "0%"
+
+
+class Rollout(_Model):
+    # Defaults let a rollout replace pods in place: no spare MIG slice is needed for a surge pod.
+    max_surge: IntOrPercent = 0
+    max_unavailable: IntOrPercent = 1
+    progress_deadline_seconds: int = Field(default=1200, ge=60, le=86400)
+
+    @model_validator(mode="after")
+    def _can_progress(self) -> Rollout:
+        if _is_zero(self.max_surge) and _is_zero(self.max_unavailable):
+            raise ValueError("rollout.maxSurge and rollout.maxUnavailable cannot both be 0")
+        return self
+
+
+class PodDisruptionBudget(_Model):
+    enabled: bool = True
+    min_available: IntOrPercent | None = None
+    max_unavailable: IntOrPercent | None = None
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> PodDisruptionBudget:
+        if self.min_available is not None and self.max_unavailable is not None:
+            raise ValueError("set at most one of podDisruptionBudget.minAvailable and maxUnavailable")
+        return self
+
+
+class ServiceMonitor(_Model):
+    enabled: bool = False
+    interval: str = Field(default="15s", pattern=r"^([0-9]+(ms|s|m|h))+$")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Monitoring(_Model):
+    enabled: bool = True
+    service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
+
+
+class CosyVoiceServiceSpec(_Model):
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=1024)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    served_model_name: str = Field(default="cosyvoice", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    api_key_secret: SecretKeyRef | None = None
+    storage: Storage | None = None
+    precision: Precision | None = None
+    gpu: Gpu | None = None
+    replicas: int = Field(default=1, ge=0, le=1000)
+    autoscaling: Autoscaling | None = None
+    batching: Batching = Field(default_factory=Batching)
+    shutdown: Shutdown = Field(default_factory=Shutdown)
+    resources: Resources | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+    service_account_name: str | None = None
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    pod_labels: dict[str, str] = Field(default_factory=dict)
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    rollout: Rollout = Field(default_factory=Rollout)
+    pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
+
+    @property
+    def effective_precision(self) -> Precision:
+        """fp16 on a GPU, fp32 on CPU unless set: fp16 only pays off where fp16 math is faster."""
+        if self.precision is not None:
+            return self.precision
+        return "fp16" if self.gpu is not None else "fp32"
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+        elif item in ("int", "str", "constrained-str", "function-after[_is_zero()]"):
+            continue  # union branch names add nothing for a reader
+        else:
+            parts.append(str(item))
+    return ".".join(["spec", *parts])
+
+
+def format_errors(exc: ValidationError) -> str:
+    """One clause per field, with the camelCase path a user sees in their YAML."""
+    by_path: dict[str, list[str]] = {}
+    for err in exc.errors():
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith(("function-", "constrained-"))))
+        messages = by_path.setdefault(_location(loc), [])
+        if msg not in messages:
+            messages.append(msg)
+    return "; ".join(f"{path}: {' or '.join(msgs)}" for path, msgs in by_path.items())
+
+
+def parse_spec(raw: dict[str, Any] | None) -> CosyVoiceServiceSpec:
+    try:
+        return CosyVoiceServiceSpec.model_validate(raw or {})
+    except ValidationError as exc:
+        raise InvalidSpec(format_errors(exc)) from None
+
+
+def check_name(name: str) -> None:
+    """The CR's name names the Service, so it must be a DNS-1035 label."""
+    if len(name) > 63 or not DNS1035_RE.match(name):
+        raise InvalidSpec(f"metadata.name {name!r} must be a DNS-1035 label (at most 63 lowercase letters, "
+                          "digits and '-', starting with a letter) because it names the Service")

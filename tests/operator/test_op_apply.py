@@ -1,0 +1,140 @@
+"""Create-or-patch: the smallest merge patch, no churn from server defaults, drift and removals put right."""
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+from cosyvoice_operator import apply
+from cosyvoice_operator import render as r
+from cosyvoice_operator.spec import parse_spec
+from cvs_testkit import EXAMPLES, load_example
+
+Obj = dict[str, Any]
+OWNER = r.Owner("tts", "default", "uid-1")
+
+
+def merge(live: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(live) if isinstance(live, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge(out.get(key), value)
+    return out
+
+
+def desired(spec: Obj, kind: str = "Deployment") -> Obj:
+    obj = r.render(OWNER, parse_spec(spec)).get(kind)
+    assert obj is not None
+    return apply.with_last_applied(obj)
+
+
+def server_defaulted(obj: Obj) -> Obj:
+    """What the API server stores: defaults filled in, canonical quantities, status and bookkeeping added."""
+    live = copy.deepcopy(obj)
+    live["metadata"].update(uid="d-1", resourceVersion="7", generation=3)
+    live["metadata"].setdefault("annotations", {})["deployment.kubernetes.io/revision"] = "3"
+    if live["kind"] == "Deployment":
+        pod = live["spec"]["template"]["spec"]
+        pod.update(restartPolicy="Always", dnsPolicy="ClusterFirst", schedulerName="default-scheduler")
+        for c in pod["containers"]:
+            c.update(terminationMessagePath="/dev/termination-log")
+            c["readinessProbe"].update(successThreshold=1)
+            c["resources"]["requests"]["cpu"] = "1000m" if c["resources"]["requests"].get("cpu") == "1" else \
+                c["resources"]["requests"].get("cpu")
+        live["status"] = {"replicas": 1, "readyReplicas": 1}
+    if live["kind"] == "Service":
+        live["spec"].update(clusterIP="10.0.0.7", clusterIPs=["10.0.0.7"], sessionAffinity="None")
+    return live
+
+
+def test_nothing_to_do_when_live_matches() -> None:
+    want = desired({})
+    assert apply.merge_patch(want, copy.deepcopy(want)) == {}
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "Service", "PodDisruptionBudget"])
+def test_server_defaults_and_canonical_quantities_are_not_drift(kind: str) -> None:
+    want = desired({"gpu": {"migProfile": "1g.10gb"}}, kind)
+    assert apply.merge_patch(want, server_defaulted(want)) == {}
+
+
+def test_a_spec_change_patches_only_what_changed() -> None:
+    live = server_defaulted(desired({"replicas": 1}))
+    patch = apply.merge_patch(desired({"replicas": 3}), live)
+    assert set(patch) == {"metadata", "spec"}
+    assert patch["spec"] == {"replicas": 3}
+    assert set(patch["metadata"]) == {"annotations"}  # only the new last-applied record
+    assert apply.changed_paths(patch) == ["spec.replicas"]
+
+
+def test_env_change_replaces_the_container_list_whole() -> None:
+    live = server_defaulted(desired({}))
+    patch = apply.merge_patch(desired({"batching": {"maxBatchSize": 32}}), live)
+    containers = patch["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in containers[0]["env"]}
+    assert env["COSYVOICE_MAX_BATCH_SIZE"] == "32"
+    assert set(patch["spec"]) == {"template"} and set(patch["spec"]["template"]) == {"spec"}
+
+
+def test_hand_edits_are_put_back() -> None:
+    want = desired({"gpu": {"migProfile": "1g.10gb"}})
+    live = server_defaulted(want)
+    live["spec"]["replicas"] = 5  # kubectl scale deploy/tts --replicas=5
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    live["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone"
+    patch = apply.merge_patch(want, live)
+    assert patch["spec"]["replicas"] == 1
+    assert patch["spec"]["template"]["spec"]["containers"][0]["image"] == want["spec"]["template"]["spec"][
+        "containers"][0]["image"]
+    assert patch["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "cosyvoice-operator"}
+
+
+def test_fields_we_stop_setting_are_removed_but_others_fields_are_kept() -> None:
+    live = server_defaulted(desired({"podDisruptionBudget": {"maxUnavailable": 1}}, "PodDisruptionBudget"))
+    live["metadata"]["labels"]["added-by-someone"] = "x"
+    patch = apply.merge_patch(desired({"podDisruptionBudget": {"minAvailable": 1}}, "PodDisruptionBudget"), live)
+    assert patch["spec"] == {"minAvailable": 1, "maxUnavailable": None}
+    assert "labels" not in patch["metadata"]
+
+
+def test_a_removed_list_entry_goes_away_even_if_live_still_has_it() -> None:
+    before = desired({"env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]})
+    after = desired({"env": [{"name": "A", "value": "1"}]})
+    patch = apply.merge_patch(after, server_defaulted(before))
+    names = [e["name"] for e in patch["spec"]["template"]["spec"]["containers"][0]["env"]]
+    assert "B" not in names and "A" in names
+
+
+def test_a_child_without_last_applied_is_adopted_without_removals() -> None:
+    want = desired({})
+    live = server_defaulted(want)
+    del live["metadata"]["annotations"][apply.LAST_APPLIED_ANNOTATION]
+    patch = apply.merge_patch(want, live)
+    assert set(patch) == {"metadata"}  # just records what it applied
+
+
+SPECS = [load_example(p)["spec"] for p in EXAMPLES] + [{}, {"replicas": 0, "podDisruptionBudget": {"minAvailable": 1}}]
+
+
+@pytest.mark.parametrize("a,b", list(itertools.permutations(range(len(SPECS)), 2))[:30])
+def test_patching_converges_between_any_two_specs(a: int, b: int) -> None:
+    """After the patch is applied, the child holds the new desired state and nothing more is to be done."""
+    for kind in ("Deployment", "Service"):
+        live = server_defaulted(desired(SPECS[a], kind))
+        want = desired(SPECS[b], kind)
+        merged = merge(live, apply.merge_patch(want, live))
+        assert apply.contains(merged, want)
+        assert apply.merge_patch(want, merged) == {}
+
+
+def test_contains_compares_quantities_numerically_only_where_they_are_quantities() -> None:
+    assert apply.contains({"requests": {"memory": "4096Mi"}}, {"requests": {"memory": "4Gi"}})
+    assert not apply.contains({"requests": {"memory": "4Gi"}}, {"requests": {"memory": "5Gi"}})
+    assert not apply.contains({"value": "1.0"}, {"value": "1"})  # an env value is a string, not a quantity
+    assert not apply.contains({"enabled": 1}, {"enabled": True})

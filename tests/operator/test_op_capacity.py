@@ -1,0 +1,151 @@
+"""GPU capacity from nodes' allocatable resources, and the MIG catalog it checks profiles against."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cosyvoice_operator import mig
+from cosyvoice_operator.capacity import GpuRequest, assess, request_from_spec, tolerates
+from cosyvoice_operator.spec import parse_spec
+
+Obj = dict[str, Any]
+MIG_1G = "nvidia.com/mig-1g.10gb"
+
+
+def node(name: str, resources: dict[str, Any], labels: dict[str, str] | None = None, *, ready: bool = True,
+         cordoned: bool = False, taints: list[Obj] | None = None) -> Obj:
+    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", **(labels or {})}},
+            "spec": {"unschedulable": cordoned, "taints": taints or []},
+            "status": {"allocatable": {"cpu": "32", **resources},
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def pod(name: str, node_name: str, resource: str, count: int = 1, instance: str = "other",
+        phase: str = "Running") -> Obj:
+    return {"metadata": {"name": name, "labels": {"app.kubernetes.io/instance": instance}},
+            "spec": {"nodeName": node_name, "containers": [{"resources": {"limits": {resource: count}}}]},
+            "status": {"phase": phase}}
+
+
+def ask(replicas: int, resource: str = MIG_1G, **kw: Any) -> GpuRequest:
+    kw.setdefault("mig_profile", resource.removeprefix("nvidia.com/mig-") if "mig-" in resource else None)
+    kw.setdefault("tolerations", ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},))
+    return GpuRequest(resource=resource, replicas=replicas, owner="tts", **kw)
+
+
+def test_not_enough_slices_names_the_numbers_and_the_nodes() -> None:
+    nodes = [node("a", {MIG_1G: "1"}), node("b", {MIG_1G: 1}), node("cpu-1", {})]
+    result = assess(ask(4), nodes, [])
+    assert (result.status, result.reason) == ("False", "InsufficientCapacity")
+    assert result.message == "4 × nvidia.com/mig-1g.10gb requested, 2 allocatable on nodes a, b"
+
+
+def test_enough_slices() -> None:
+    result = assess(ask(2), [node("a", {MIG_1G: 7})], [])
+    assert (result.status, result.reason, result.allocatable) == ("True", "Sufficient", 7)
+
+
+def test_slices_held_by_other_pods_do_not_count_but_our_own_do() -> None:
+    nodes = [node("a", {MIG_1G: 2})]
+    pods = [pod("x", "a", MIG_1G), pod("ours", "a", MIG_1G, instance="tts"),
+            pod("done", "a", MIG_1G, phase="Succeeded"), pod("elsewhere", "b", MIG_1G)]
+    assert assess(ask(2), nodes, pods).message == "2 × nvidia.com/mig-1g.10gb requested, 1 allocatable on nodes a"
+
+
+@pytest.mark.parametrize("bad,why", [
+    (node("c", {MIG_1G: 7}, cordoned=True), "c (cordoned)"),
+    (node("c", {MIG_1G: 7}, ready=False), "c (not Ready)"),
+    (node("c", {MIG_1G: 7}, taints=[{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]),
+     "c (taint dedicated=batch:NoSchedule not tolerated)"),
+    (node("c", {MIG_1G: 7}, {"nvidia.com/mig.config.state": "pending"}), "c (MIG reconfiguration pending)"),
+    (node("c", {MIG_1G: 7}, {"nvidia.com/mig.config.state": "failed"}), "c (MIG reconfiguration failed)"),
+])
+def test_nodes_pods_cannot_use_are_excluded_and_explained(bad: Obj, why: str) -> None:
+    result = assess(ask(3), [node("a", {MIG_1G: 1}), bad], [])
+    assert result.status == "False"
+    assert result.message.endswith(f"1 allocatable on nodes a; excluded: {why}")
+
+
+def test_gpu_taint_is_tolerated_and_prefer_no_schedule_is_ignored() -> None:
+    taints = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+              {"key": "spot", "effect": "PreferNoSchedule"}]
+    assert assess(ask(1), [node("a", {MIG_1G: 1}, taints=taints)], []).status == "True"
+
+
+def test_node_selector_limits_the_nodes_counted() -> None:
+    nodes = [node("a", {MIG_1G: 4}, {"pool": "tts"}), node("b", {MIG_1G: 4}, {"pool": "batch"})]
+    result = assess(ask(6, node_selector={"pool": "tts"}), nodes, [])
+    assert result.message == "6 × nvidia.com/mig-1g.10gb requested, 4 allocatable on nodes a"
+
+
+def test_nothing_advertises_the_resource_says_what_nodes_do_advertise() -> None:
+    nodes = [node("a", {"nvidia.com/gpu": 7}, {"nvidia.com/mig.strategy": "single"})]
+    result = assess(ask(1), nodes, [])
+    assert (result.status, result.reason) == ("False", "NoNodeAdvertisesResource")
+    assert "nvidia.com/gpu on a" in result.message
+    assert "nodes run MIG strategy single; spec.gpu.migStrategy is mixed" in result.message
+    bare = assess(ask(1), [node("cpu", {})], [])
+    assert "is the NVIDIA device plugin running?" in bare.message
+
+
+def test_a_profile_the_observed_gpus_do_not_have_lists_the_valid_ones() -> None:
+    nodes = [node("h1", {"nvidia.com/mig-1g.12gb": 7}, {"nvidia.com/gpu.product": "NVIDIA-H100-96GB-HBM3"}),
+             node("h2", {}, {"nvidia.com/gpu.product": "NVIDIA-GH200-480GB"})]
+    result = assess(ask(1), nodes, [])
+    assert (result.status, result.reason) == ("False", "MIGProfileNotOffered")
+    assert "1g.10gb does not exist" in result.message
+    assert "H100-96GB (nodes h1, h2): 1g.12gb, 1g.24gb, 2g.24gb, 3g.48gb, 4g.48gb, 7g.96gb" in result.message
+
+
+def test_single_strategy_counts_gpus_on_nodes_labelled_with_the_profile() -> None:
+    spec = parse_spec({"gpu": {"migStrategy": "single", "migProfile": "1g.5gb", "product": "NVIDIA-A100-SXM4-40GB"},
+                       "replicas": 3})
+    request = request_from_spec("tts", spec)
+    assert request is not None and request.resource == "nvidia.com/gpu"
+    nodes = [node("s1", {"nvidia.com/gpu": 7}, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"}),
+             node("s2", {"nvidia.com/gpu": 3}, {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-2g.10gb"})]
+    assert assess(request, nodes, []).message == "3 × nvidia.com/gpu requested, 7 allocatable on nodes s1"
+    assert request_from_spec("tts", parse_spec({})) is None
+
+
+def test_tolerations_follow_kubernetes_matching() -> None:
+    taint = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    assert tolerates([{"operator": "Exists"}], taint)
+    assert tolerates([{"key": "k", "operator": "Exists"}], taint)
+    assert tolerates([{"key": "k", "value": "v"}], taint)
+    assert not tolerates([{"key": "k", "value": "w"}], taint)
+    assert not tolerates([{"key": "k", "operator": "Exists", "effect": "NoExecute"}], taint)
+
+
+# --- the catalog ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("label,family", [
+    ("NVIDIA-A100-SXM4-40GB", "A100-40GB"), ("NVIDIA-A100-PCIE-40GB", "A100-40GB"),
+    ("NVIDIA-A100-SXM4-80GB", "A100-80GB"), ("NVIDIA-A100-80GB-PCIe", "A100-80GB"),
+    ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "A100-40GB"), ("NVIDIA-H100-80GB-HBM3", "H100-80GB"),
+    ("NVIDIA-H100-PCIe", "H100-80GB"), ("NVIDIA-H100-96GB-HBM3", "H100-96GB"), ("NVIDIA-GH200-480GB", "H100-96GB"),
+    ("NVIDIA-H200", "H200-141GB"), ("H200-141GB", "H200-141GB"), ("NVIDIA-H100-NVL", None), ("NVIDIA-L4", None),
+    ("Tesla-T4", None),
+])
+def test_gpu_products_map_to_catalog_families(label: str, family: str | None) -> None:
+    assert mig.gpu_family(label) == family
+
+
+def test_catalog_matches_the_mig_user_guide() -> None:
+    assert {f: len(p) for f, p in mig.CATALOG.items()} == {f: 6 for f in mig.CATALOG}
+    assert [(p.name, p.max_instances) for p in mig.CATALOG["A100-40GB"]] == [
+        ("1g.5gb", 7), ("1g.10gb", 4), ("2g.10gb", 3), ("3g.20gb", 2), ("4g.20gb", 1), ("7g.40gb", 1)]
+    assert mig.valid_profiles("H200-141GB") == ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+    assert mig.CATALOG["A100-80GB"] == mig.CATALOG["H100-80GB"]
+    assert all(p.memory_gb > 0 and 1 <= p.compute_slices <= 7 for ps in mig.CATALOG.values() for p in ps)
+
+
+def test_profile_errors_and_resource_names() -> None:
+    assert mig.profile_error("1g.10gb", "NVIDIA-A100-SXM4-40GB") is None
+    assert mig.profile_error("1g.12gb", "NVIDIA-L4") is None  # unknown product: not guessed
+    assert mig.profile_error("1g.20gb", "NVIDIA-A100-SXM4-40GB") == (
+        "MIG profile 1g.20gb does not exist on A100-40GB (NVIDIA-A100-SXM4-40GB); "
+        "valid profiles: 1g.5gb, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb")
+    assert mig.resource_name("mixed", "2g.20gb") == "nvidia.com/mig-2g.20gb"
+    assert mig.resource_name("single", "2g.20gb") == mig.resource_name("none", None) == "nvidia.com/gpu"
+    assert mig.single_strategy_product_label("NVIDIA-A100-SXM4-40GB", "3g.20gb") == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"
