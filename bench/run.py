@@ -30,6 +30,8 @@ from cosyvoice_server.config import BUNDLED_MODEL
 
 from .engine_limit import Engine
 from .loadgen import Result, closed_loop, open_loop
+from .peers.clients import closed_loop_peer
+from .peers.launch import PeerServer, PeerUnavailable
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
 
@@ -104,16 +106,19 @@ async def sweep(args: argparse.Namespace) -> dict:
     systems: dict[str, object] = {}
     engine = Engine(model_dir, args.device, args.max_batch_size)
     systems["engine"] = engine
+    delay = ("--max-queue-delay-ms", str(args.max_queue_delay_ms))
     servers = {
-        "server": Server(model_dir, args.device, "--max-batch-size", str(args.max_batch_size)),
-        "server_unbatched": Server(model_dir, args.device, "--max-batch-size", "1"),
+        "server": Server(model_dir, args.device, "--max-batch-size", str(args.max_batch_size), *delay),
+        "server_unbatched": Server(model_dir, args.device, "--max-batch-size", "1", *delay),
     }
     out: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "text": args.text, "device": args.device,
                  "duration_s": args.duration, "max_batch_size": args.max_batch_size, "stream": args.stream,
-                 "closed_loop": {}, "open_loop": {}}
+                 "max_queue_delay_ms": args.max_queue_delay_ms, "closed_loop": {}, "open_loop": {}}
+    peers = [k for k in args.peers.split(",") if k]
+    out["peers"] = {"kinds": peers, "unavailable": {}}
     try:
         conc = [int(c) for c in args.concurrency.split(",")]
-        bar = tqdm(total=len(conc) * 3 + len(args.rates), desc="benchmark", unit="run")
+        bar = tqdm(total=len(conc) * (3 + len(peers)) + len(args.rates), desc="benchmark", unit="run")
         for c in conc:
             row = {}
             for name in ("engine", "server", "server_unbatched"):
@@ -123,6 +128,18 @@ async def sweep(args: argparse.Namespace) -> dict:
                 else:
                     rs = await closed_loop(servers[name].url, c, args.duration, args.text, args.stream)
                 row[name] = summarize(rs, args.duration)
+                bar.update()
+            for kind in peers:
+                bar.set_postfix_str(f"{kind} c={c}")
+                if kind not in out["peers"]["unavailable"]:
+                    peer = PeerServer()  # started per point: an idle LitServe worker polls ~20 % of a core
+                    try:
+                        url = peer.start(kind, args.max_batch_size, args.max_queue_delay_ms, model_dir)
+                        row[kind] = summarize(await closed_loop_peer(kind, url, c, args.duration, args.text), args.duration)
+                    except PeerUnavailable as exc:
+                        out["peers"]["unavailable"][kind] = str(exc)
+                    finally:
+                        peer.stop()
                 bar.update()
             out["closed_loop"][str(c)] = row
         for rate in args.rates:
@@ -139,14 +156,19 @@ async def sweep(args: argparse.Namespace) -> dict:
 
 
 def table(res: dict) -> str:
+    peers = [k for k in res["peers"]["kinds"] if k not in res["peers"]["unavailable"]]
     lines = ["| concurrency | engine req/s | server req/s | server ÷ engine | unbatched req/s | batched ÷ unbatched "
-             "| p50 ms engine / server | p99 ms server / unbatched | TTFA p50 ms server | RTF server |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| p50 ms engine / server | p99 ms server / unbatched | TTFA p50 ms server | RTF server |"
+             + "".join(f" {k} req/s (p99 ms) |" for k in peers),
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(peers)]
     for c, row in res["closed_loop"].items():
         e, s, u = row["engine"], row["server"], row["server_unbatched"]
+        cells = "".join(f" {row[k]['rps']:.1f} ({row[k]['p99_ms']:.0f}) |" if "rps" in row.get(k, {}) else " n/a |" for k in peers)
         lines.append(
             f"| {c} | {e['rps']:.1f} | {s['rps']:.1f} | {s['rps'] / e['rps']:.2f} | {u['rps']:.1f} | {s['rps'] / u['rps']:.2f} "
-            f"| {e['p50_ms']:.1f} / {s['p50_ms']:.1f} | {s['p99_ms']:.0f} / {u['p99_ms']:.0f} | {s['ttfa_p50_ms']:.1f} | {s['rtf']:.3f} |")
+            f"| {e['p50_ms']:.1f} / {s['p50_ms']:.1f} | {s['p99_ms']:.0f} / {u['p99_ms']:.0f} | {s['ttfa_p50_ms']:.1f} | {s['rtf']:.3f} |" + cells)
+    for k, why in res["peers"]["unavailable"].items():
+        lines.append(f"\n{k} could not run here: {why}")
     if res["open_loop"]:
         lines += ["", "| Poisson rate (req/s) | served req/s | p50 ms | p99 ms | TTFA p95 ms | codes |", "|---|---|---|---|---|---|"]
         for rate, s in res["open_loop"].items():
@@ -164,11 +186,14 @@ def plots(res: dict, out: Path) -> None:
     conc = [int(c) for c in res["closed_loop"]]
     names = {"engine": "engine limit (no HTTP)", "server": f"server (max batch {res['max_batch_size']})",
              "server_unbatched": "server (max batch 1)"}
+    names |= {k: f"{k} (static batch {res['max_batch_size']})" for k in res["peers"]["kinds"]
+              if k not in res["peers"]["unavailable"]}
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     for key, label in names.items():
-        rows = [res["closed_loop"][str(c)][key] for c in conc]
-        ax[0].plot(conc, [r["rps"] for r in rows], marker="o", label=label)
-        ax[1].plot(conc, [r["p99_ms"] for r in rows], marker="o", label=label)
+        pts = [(c, res["closed_loop"][str(c)].get(key, {})) for c in conc]
+        pts = [(c, r) for c, r in pts if "rps" in r]
+        ax[0].plot([c for c, _ in pts], [r["rps"] for _, r in pts], marker="o", label=label)
+        ax[1].plot([c for c, _ in pts], [r["p99_ms"] for _, r in pts], marker="o", label=label)
     for a, title in zip(ax, ("throughput (requests/s)", "p99 latency (ms)")):
         a.set_xscale("log", base=2)
         a.set_xlabel("concurrent clients")
@@ -200,6 +225,8 @@ def main() -> int:
     ap.add_argument("--rates", default="", help="comma-separated Poisson rates (req/s) for the open-loop test")
     ap.add_argument("--duration", type=float, default=5.0, help="measured seconds per point (after 1 s warm-up)")
     ap.add_argument("--max-batch-size", type=int, default=16)
+    ap.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="batching delay, the same for our server and the peers")
+    ap.add_argument("--peers", default="litserve,pytriton", help="peer servers (install: bash bench/peers/setup.sh); '' for none")
     ap.add_argument("--no-stream", dest="stream", action="store_false", help="whole responses instead of streams")
     ap.add_argument("--text", default=TEXT)
     ap.add_argument("--out", default="docs/bench")

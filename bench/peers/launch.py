@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -69,14 +70,16 @@ def interpreter(kind: str) -> str:
     return str(python)
 
 
-def _last_error(log: str) -> str:
-    """The line that says what went wrong: the last exception line of a traceback, else the last line."""
+def _error_text(log: str) -> str:
+    """What went wrong, in the server's words: every distinct Python exception line (a worker's cause comes
+    before its parent's "failed to start"), else Triton's last error line, else the last line."""
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        head = ln.split(":", 1)[0]
-        if head.endswith(("Error", "Exception", "Exit", "Interrupt")) or ln.startswith("E") and "] " in ln[:40]:
-            return ln
-    return lines[-1] if lines else "(no output)"
+    exc = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt)(:|$)")
+    found = list(dict.fromkeys(ln for ln in lines if exc.match(ln)))
+    if found:
+        return " | ".join(found)
+    triton = [ln for ln in lines if re.match(r"^E\d{4} ", ln)]
+    return (triton or lines or ["(no output)"])[-1]
 
 
 class PeerServer:
@@ -112,11 +115,11 @@ class PeerServer:
             if self._ready(self.url + ready):
                 return self.url
             if self.proc.poll() is not None:
-                reason = f"{kind} server exited with code {self.proc.returncode}: {_last_error(self.log())}"
+                reason = f"{kind} server exited with code {self.proc.returncode}: {_error_text(self.log())}"
                 self.stop()
                 raise PeerUnavailable(reason)
             if time.monotonic() > deadline:
-                reason = f"{kind} server not ready after {ready_timeout_s:.0f} s: {_last_error(self.log())}"
+                reason = f"{kind} server not ready after {ready_timeout_s:.0f} s: {_error_text(self.log())}"
                 self.stop()
                 raise PeerUnavailable(reason)
             time.sleep(0.25)

@@ -1,6 +1,7 @@
 """The request-level batch pipeline hosted in PyTriton (Triton's dynamic batcher), for side-by-side comparison.
 
-    .bench-venvs/pytriton/bin/python -m bench.peers.pytriton_server --port 8200 --max-batch-size 16 --max-queue-delay-ms 5
+    .bench-venvs/pytriton/bin/python -m bench.peers.pytriton_server \
+        --port 8200 --max-batch-size 16 --max-queue-delay-ms 5
 
 Model `tts` over Triton's KServe-v2 HTTP protocol: inputs `text` (BYTES [1]) and `seed` (INT64 [1]);
 outputs `audio` (INT16 [-1], 24 kHz PCM, zero-padded to the longest in its batch) and `length` (INT64 [1],
@@ -13,7 +14,6 @@ import argparse
 import os
 import shutil
 import signal
-import sys
 import sysconfig
 import tempfile
 import uuid
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .launch import PYTRITON_SCRATCH, scratch_snapshot, remove_new_scratch
+from .launch import remove_new_scratch, scratch_snapshot
 
 MODEL = "tts"
 
@@ -81,7 +81,8 @@ def main() -> None:
                 model_name=MODEL,
                 infer_func=infer,
                 inputs=[Tensor(name="text", dtype=bytes, shape=(1,)), Tensor(name="seed", dtype=np.int64, shape=(1,))],
-                outputs=[Tensor(name="audio", dtype=np.int16, shape=(-1,)), Tensor(name="length", dtype=np.int64, shape=(1,))],
+                outputs=[Tensor(name="audio", dtype=np.int16, shape=(-1,)),
+                         Tensor(name="length", dtype=np.int64, shape=(1,))],
                 config=ModelConfig(max_batch_size=args.max_batch_size, batcher=batcher),
                 strict=True,
             )
@@ -94,4 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -34,8 +34,9 @@ def stats(rs: list[Result], duration: float) -> dict:
         codes[r.code] = codes.get(r.code, 0) + 1
     if not ok:
         return {"requests": len(rs), "codes": codes}
+    ms = lambda q: round(float(np.percentile(ok, q)) * 1000, 1)  # noqa: E731
     return {"requests": len(rs), "codes": codes, "rps": round(len(ok) / duration, 2),
-            "p50_ms": round(float(np.percentile(ok, 50)) * 1000, 1), "p99_ms": round(float(np.percentile(ok, 99)) * 1000, 1)}
+            "p50_ms": ms(50), "p99_ms": ms(99)}
 
 
 async def check_audio(kind: str, url: str, expected: dict[int, int]) -> dict:
