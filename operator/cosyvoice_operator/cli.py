@@ -3,6 +3,7 @@
     cosyvoice-operator run --all-namespaces --liveness http://0.0.0.0:8080/healthz
     cosyvoice-operator run -n speech -n speech-canary
     cosyvoice-operator render -f examples/minimal.yaml | kubectl apply --dry-run=server -f -
+    cosyvoice-operator simulate --seeds 10 --jobs 2 --out docs/autoscaling   # autoscaling policy vs HPA/KEDA
 """
 from __future__ import annotations
 
@@ -93,6 +94,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import time
+
+    try:
+        from .autoscaling import simulate  # numpy (and matplotlib for --out) only when simulating
+        if args.out:
+            import matplotlib  # noqa: F401
+    except ImportError as exc:
+        print(f"error: {exc.name} is missing: pip install 'cosyvoice-operator[simulate]'", file=sys.stderr)
+        return 1
+    return simulate.run_cli(args, time.perf_counter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cosyvoice-operator", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     rend.add_argument("-n", "--namespace", default="default", help="namespace for resources that set none")
     rend.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     rend.set_defaults(func=_cmd_render)
+
+    sim = sub.add_parser("simulate", help="replay traffic traces against the autoscaling policy, HPA v2, KEDA, "
+                                          "an oracle and a static pool (see docs/autoscaling.md)")
+    from .autoscaling.simconfig import add_arguments
+    add_arguments(sim)
+    sim.set_defaults(func=_cmd_simulate)
     return parser
 
 

@@ -4,6 +4,8 @@
 * CosyVoiceService  on resume, create and update (spec changes, ``kubectl scale``): reconcile
 * children          a Deployment, Service, PDB or pod of ours changed or vanished: reconcile its owner
 * resync loop       every ``resync_seconds``: drift, status and GPU capacity for every service
+* autoscale loop    every service with ``spec.autoscaling.enabled`` is evaluated each ``intervalSeconds``
+                    (``autoscaling/controller.py``); the handlers above tell the loop which services exist
 * probe             ``/healthz`` (``run --liveness``) reports the last successful resync
 
 No timers or daemons on the CR: those make kopf put a finalizer on it, which blocks ``kubectl delete``
@@ -22,6 +24,7 @@ from typing import Any, cast
 import kopf
 
 from .constants import GROUP, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
+from .autoscaling.controller import Autoscaler
 from .kube import ApiError, Kube
 from .reconcile import Reconciler, owner_of
 from .spec import InvalidSpec
@@ -76,20 +79,25 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.reconciler = Reconciler(memo.kube, record=_record, cluster_domain=memo.get("cluster_domain", "cluster.local"))
     memo.last_resync = None
     memo.resync_task = asyncio.create_task(_resync_forever(memo))
+    memo.autoscaler = Autoscaler(memo.kube)  # posts its events itself: it runs outside handlers
+    memo.autoscale_due = {}  # (namespace, name) -> loop time of the next evaluation
+    memo.autoscale_task = asyncio.create_task(_autoscale_forever(memo))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("resync_task")
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    for key in ("resync_task", "autoscale_task"):
+        task = memo.get(key)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @kopf.on.resume(*CVS, id="reconcile-on-resume")
 @kopf.on.create(*CVS, id="reconcile-on-create")
 @kopf.on.update(*CVS, id="reconcile-on-update")
 def reconcile_service(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    _track_autoscaling(memo, body)
     try:
         memo.reconciler.reconcile(_plain(body))
     except InvalidSpec as exc:
@@ -134,3 +142,45 @@ async def _resync_forever(memo: kopf.Memo) -> None:
             continue
         memo.last_resync = time.time()
         log.debug("resynced %d CosyVoiceService(s)", count)
+
+
+def _track_autoscaling(memo: kopf.Memo, body: kopf.Body) -> None:
+    """Tell the autoscale loop about a service (it drops services that are gone or not autoscaled)."""
+    due = memo.get("autoscale_due")
+    meta = body.get("metadata", {})
+    if due is not None and memo.autoscaler.interval(_plain(body)) is not None:
+        due.setdefault((meta.get("namespace") or "", meta["name"]), 0.0)
+
+
+async def _autoscale_forever(memo: kopf.Memo, tick: float = 0.5) -> None:
+    """Evaluate each autoscaled service every ``intervalSeconds``, each in a worker thread, one at a time per
+    service (a slow Prometheus delays that service only). No kopf timer: that would add a finalizer."""
+    loop = asyncio.get_running_loop()
+    running: dict[tuple[str, str], tuple[asyncio.Future[Any], float]] = {}  # key -> (evaluation, start)
+
+    def evaluate(key: tuple[str, str]) -> float | None:
+        decision = memo.autoscaler.evaluate(*key)
+        return None if decision is None else memo.autoscaler.interval_of(*key)
+
+    while True:
+        await asyncio.sleep(tick)
+        now = loop.time()
+        for key, (future, started) in list(running.items()):
+            if not future.done():
+                continue
+            del running[key]
+            try:
+                interval = future.result()
+            except ApiError as exc:
+                log.warning("autoscaling %s/%s failed, retrying: %s", *key, exc)
+                interval = 5.0
+            except Exception:  # the loop must survive anything one evaluation throws
+                log.exception("autoscaling %s/%s failed unexpectedly", *key)
+                interval = 15.0
+            if interval is None:
+                memo.autoscale_due.pop(key, None)
+            else:
+                memo.autoscale_due[key] = max(now, started + interval)  # a fixed period, like HPA's sync
+        for key, at in list(memo.autoscale_due.items()):
+            if at <= now and key not in running:
+                running[key] = (loop.run_in_executor(None, evaluate, key), now)

@@ -2,6 +2,9 @@
 
 The only module that talks to the API server. Errors are classified once here: ``NotFound``,
 ``Conflict``, and ``ApiError.transient`` (worth a retry with backoff) versus everything else.
+
+Every call made through it must be granted in ``permissions.py`` (the RBAC source): tests/charts
+scans the operator's calls and records the running operator's requests to check.
 """
 from __future__ import annotations
 

@@ -383,7 +383,12 @@ def service_monitor(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
         "metadata": meta,
         "spec": {
             "selector": {"matchLabels": selector_labels(owner.name)},
-            "endpoints": [{"port": SERVER_PORT_NAME, "path": METRICS_PATH, "interval": sm.interval}],
+            "endpoints": [{
+                "port": SERVER_PORT_NAME, "path": METRICS_PATH, "interval": sm.interval,
+                # the autoscaler's and the alerts' queries select a service's pods by this label
+                "relabelings": [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+                                 "targetLabel": "cosyvoice_service"}],
+            }],
         },
     }
 

@@ -317,7 +317,12 @@ def test_monitoring_annotations_and_service_monitor() -> None:
     sm = rendered({"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}).get(
         "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom"
-    assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    # the autoscaler's queries and the alerts select one service's pods by cosyvoice_service=<CR name>
+    assert sm["spec"]["endpoints"] == [{
+        "port": "http", "path": "/metrics", "interval": "15s",
+        "relabelings": [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+                         "targetLabel": "cosyvoice_service"}],
+    }]
 
 
 def test_rendering_is_pure() -> None:

@@ -1,0 +1,161 @@
+"""PromQL for one CosyVoiceService, built from the server's metric names, and a reader that tells
+"no traffic" (series present, rate 0) from "no data" (query failed, empty result, targets down).
+
+Scoping. Every query selects the service's series with a label matcher, by default::
+
+    namespace="<namespace>",cosyvoice_service="<name>"
+
+Prometheus must attach these labels to the pods' samples. With the Prometheus Operator, add to the
+ServiceMonitor's endpoint (``namespace`` is already set by it)::
+
+    relabelings:
+      - sourceLabels: [__meta_kubernetes_service_label_app_kubernetes_io_instance]
+        targetLabel: cosyvoice_service
+
+and with annotation-based scraping (``prometheus.io/scrape`` on the pods), in the scrape job::
+
+    - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
+      target_label: cosyvoice_service
+    - source_labels: [__meta_kubernetes_namespace]
+      target_label: namespace
+
+A query override in ``spec.autoscaling.queries`` may use ``$selector``: it is replaced by the matcher
+(without braces), e.g. ``sum(rate(cosyvoice_requests_total{$selector,code="200"}[2m]))``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .policy import Metrics
+
+SELECTOR_TOKEN = "$selector"
+RATE_WINDOW = "1m"
+SHORT_WINDOW = "30s"  # at least two scrapes at the usual 15 s: the burst detector's window
+
+TEMPLATES = {
+    # answered requests of every code: 429s are demand the replicas could not take
+    "qps": f"sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))",
+    "qps_short": f"sum(rate(cosyvoice_requests_total{{$selector}}[{SHORT_WINDOW}]))",
+    # the trend of the rate over five minutes (req/s per s): a ramp's slope, for the cold-start forecast
+    "qps_slope": f"deriv(sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))[5m:15s])",
+    "inflight": "sum(cosyvoice_inflight_requests{$selector})",
+    "inflight_growth": f"sum(deriv(cosyvoice_inflight_requests{{$selector}}[{RATE_WINDOW}]))",
+    # successful requests only: fast 429s would pull the p95 down exactly when it matters
+    "p95_ms": "histogram_quantile(0.95, sum by (le) (rate(cosyvoice_request_duration_seconds_bucket"
+              f"{{$selector,code=\"200\"}}[{RATE_WINDOW}]))) * 1000",
+    "ttfa_p95_ms": "histogram_quantile(0.95, sum by (le) (rate(cosyvoice_time_to_first_audio_seconds_bucket"
+                   f"{{$selector}}[{RATE_WINDOW}]))) * 1000",
+    "targets_up": "sum(up{$selector})",
+}
+OVERRIDE_FIELDS = {"qps": "qps", "inflight": "inflight", "p95_ms": "p95_latency_ms",
+                   "ttfa_p95_ms": "time_to_first_audio_ms"}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def selector(namespace: str, name: str) -> str:
+    """The label matcher (without braces) that selects one CosyVoiceService's series."""
+    return f'namespace="{_escape(namespace)}",cosyvoice_service="{_escape(name)}"'
+
+
+def build_queries(namespace: str, name: str, overrides: Any = None) -> dict[str, str]:
+    """PromQL per signal for one service; ``overrides`` is ``spec.autoscaling.queries`` (or None)."""
+    sel = selector(namespace, name)
+    out = {}
+    for key, template in TEMPLATES.items():
+        field = OVERRIDE_FIELDS.get(key)
+        custom = getattr(overrides, field, None) if overrides is not None and field else None
+        out[key] = (custom or template).replace(SELECTOR_TOKEN, sel)
+    return out
+
+
+class QueryFailed(Exception):
+    """Prometheus could not answer (unreachable, error status, bad query)."""
+
+
+Query = Callable[[str], list[dict[str, Any]]]
+
+
+def _ca_file(pem: str) -> str:
+    """The CA bundle as a file for requests, one per distinct content (evaluations reuse it)."""
+    path = Path(tempfile.gettempdir()) / f"cosyvoice-prometheus-ca-{hashlib.sha256(pem.encode()).hexdigest()[:16]}.pem"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(pem)
+        tmp.replace(path)
+    return str(path)
+
+
+def connect(url: str, *, token: str | None = None, insecure_skip_verify: bool = False,
+            ca_pem: str | None = None, timeout: float = 5.0) -> Query:
+    """A ``custom_query`` function of prometheus-api-client, failing fast (one retry, short timeout)."""
+    import requests
+    from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
+
+    session = requests.Session()
+    if ca_pem:
+        session.verify = _ca_file(ca_pem)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    client = PrometheusConnect(url=url, headers=headers, disable_ssl=insecure_skip_verify, session=session,
+                               retry=Retry(total=1, backoff_factor=0.2, status_forcelist=(502, 503, 504)),
+                               timeout=timeout)
+    if insecure_skip_verify:
+        session.verify = False
+
+    def query(promql: str) -> list[dict[str, Any]]:
+        try:
+            return list(client.custom_query(promql))
+        except Exception as exc:  # requests' connection errors, PrometheusApiClientException, bad JSON
+            raise QueryFailed(f"{type(exc).__name__}: {exc}"[:300]) from None
+
+    return query
+
+
+def _scalar(result: list[dict[str, Any]]) -> float | None:
+    """The value of a one-series result; None when empty or NaN (e.g. a quantile over no requests)."""
+    if not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+@dataclass(frozen=True)
+class Reading:
+    metrics: Metrics
+    queries: dict[str, str]
+
+
+def read(query: Query, queries: dict[str, str]) -> Reading:
+    """One reading. ``Metrics.error`` is set for no data; a rate of 0 with series present is traffic 0."""
+    try:
+        up = _scalar(query(queries["targets_up"]))
+        qps_raw = query(queries["qps"])
+        inflight_raw = query(queries["inflight"])
+    except QueryFailed as exc:
+        return Reading(Metrics(error=f"Prometheus query failed: {exc}"), queries)
+    if up is not None and up == 0:
+        return Reading(Metrics(error="every scrape target of the service is down (up == 0)"), queries)
+    qps, inflight = _scalar(qps_raw), _scalar(inflight_raw)
+    if qps is None and inflight is None:
+        return Reading(Metrics(error="no series for the service: is Prometheus scraping its pods, with the "
+                                     "cosyvoice_service and namespace labels? (" + queries["qps"] + ")"), queries)
+    values: dict[str, float | None] = {"qps": qps, "inflight": inflight}
+    for key in ("qps_short", "qps_slope", "inflight_growth", "p95_ms", "ttfa_p95_ms"):
+        try:
+            values[key] = _scalar(query(queries[key]))
+        except QueryFailed:
+            values[key] = None  # optional signals: a failure here only loses the refinement
+    return Reading(Metrics(**values), queries)

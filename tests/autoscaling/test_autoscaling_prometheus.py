@@ -1,0 +1,121 @@
+"""The autoscaler end to end: a real inference server under load, a real Prometheus scraping it, and the
+real operator (every kopf handler) against kmock's emulated API server.
+
+Prometheus attaches ``namespace`` and ``cosyvoice_service`` to the server's samples through its
+scrape config, as the relabeling documented in docs/autoscaling.md does in a cluster, so the
+operator's queries select this service's series and nothing else.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+from cvs_crdschema import openapi_schema, to_jsonschema
+from cvs_testkit import CVS_PATH, CVS_RESOURCE, Emulator, eventually, run_operator
+
+pytestmark = [pytest.mark.kmock(cls=Emulator), pytest.mark.timeout(150),
+              pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")]
+
+NS, NAME = "default", "tts"
+Obj = dict[str, Any]
+
+
+def cr_of(cluster: Any) -> Obj:
+    return cluster.objects[CVS_RESOURCE, NS, NAME].raw
+
+
+def auto_status(cluster: Any) -> Obj:
+    return (cr_of(cluster).get("status") or {}).get("autoscaling") or {}
+
+
+def auto_condition(cluster: Any, type_: str) -> Obj:
+    for c in auto_status(cluster).get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    raise AssertionError(f"no {type_} condition yet")
+
+
+def events(cluster: Any) -> list[tuple[str, str]]:
+    return [(r.data["reason"], r.data["message"]) for r in list(cluster)
+            if str(r.method).upper().endswith("POST") and r.url.path == f"/api/v1/namespaces/{NS}/events"]
+
+
+class Load:
+    """Closed-loop clients against the server, in a thread, until stopped."""
+
+    def __init__(self, url: str, clients: int = 6) -> None:
+        self.url, self.clients, self.sent = url, clients, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def worker() -> None:
+                while not self._stop.is_set():
+                    await client.post(self.url + "/v1/audio/speech", json={
+                        "model": "tts-1", "input": "Autoscaling keeps the latency objective.", "response_format": "pcm"})
+                    self.sent += 1
+            await asyncio.gather(*(worker() for _ in range(self.clients)))
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+async def test_scales_up_on_real_metrics_then_holds_when_prometheus_stops(
+        cluster: Any, crd: Obj, start_server: Any, start_prometheus: Any) -> None:
+    server = start_server()
+    prom = start_prometheus([server.url.removeprefix("http://")], {"namespace": NS, "cosyvoice_service": NAME})
+    body = {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
+            "metadata": {"name": NAME, "namespace": NS},
+            "spec": {"replicas": 1, "autoscaling": {
+                "enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQPSPerReplica": 1.5,
+                "targetP95LatencyMs": 5000, "intervalSeconds": 1,
+                # no scale-down window: only the missing metrics can keep the replicas up at the end
+                "scaleDown": {"stabilizationWindowSeconds": 0},
+                "prometheus": {"url": prom.url}}}}
+    async with run_operator():
+        async with cluster.post(CVS_PATH.format(ns=NS), json=body) as resp:
+            assert resp.status in (200, 201), await resp.text()
+        with Load(server.url) as load:
+            # Scaled up from what Prometheus measured, and bounded by maxReplicas.
+            await eventually(lambda: cr_of(cluster)["spec"]["replicas"] == 4, timeout=60, interval=0.2)
+            assert load.sent > 0
+            await eventually(lambda: auto_status(cluster)["desiredReplicas"] == 4)
+            status = auto_status(cluster)
+            assert status["currentQPS"] > 1.5
+            assert status["lastScaleReason"] in ("ScaleUp", "LatencyAboveTarget")
+            assert auto_condition(cluster, "ScalingActive")["status"] == "True"
+            await eventually(lambda: auto_condition(cluster, "ScalingLimited")["reason"] == "TooManyReplicas",
+                             timeout=10)
+            await eventually(lambda: any(r == "SuccessfulRescale" and m.startswith("New size: ")
+                                         for r, m in events(cluster)))
+            # The reconciler rolled the new count out to the Deployment.
+            dep = cluster.objects["apps/v1/deployments", NS, NAME].raw
+            await eventually(lambda: cluster.objects["apps/v1/deployments", NS, NAME].raw["spec"]["replicas"] == 4)
+            assert dep is not None
+
+            # Prometheus goes away, then the load stops: no data must not scale anything down.
+            rescales = [e for e in events(cluster) if e[0] == "SuccessfulRescale"]
+            prom.stop()
+            await eventually(lambda: auto_condition(cluster, "ScalingActive")["status"] == "False", timeout=20)
+        active = auto_condition(cluster, "ScalingActive")
+        assert active["reason"] == "MetricsUnavailable"
+        assert "Prometheus query failed" in active["message"]
+        failures = auto_status(cluster)["consecutiveFailures"]
+        await eventually(lambda: auto_status(cluster)["consecutiveFailures"] >= failures + 4, timeout=30)
+        assert cr_of(cluster)["spec"]["replicas"] == 4
+        assert auto_condition(cluster, "ScalingActive")["reason"] == "MetricsUnavailable"
+        await eventually(lambda: any(r == "FailedGetMetrics" for r, _ in events(cluster)))
+        assert [e for e in events(cluster) if e[0] == "SuccessfulRescale"] == rescales
+        # Everything written is declared by the CRD (a real API server would prune anything else).
+        schema = openapi_schema(crd)["properties"]["status"]["properties"]["autoscaling"]
+        jsonschema.validate(auto_status(cluster), to_jsonschema(schema))

@@ -1,0 +1,96 @@
+"""One evaluation of the controller against a recorded API (no cluster, no Prometheus): what it reads,
+what it writes, and where."""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from cosyvoice_operator import kube
+from cosyvoice_operator.autoscaling.controller import SECRETS, Autoscaler
+from cosyvoice_operator.autoscaling.prometheus import QueryFailed, build_queries
+
+Obj = dict[str, Any]
+
+
+class FakeKube:
+    def __init__(self, objects: dict[tuple[str, str], Obj]) -> None:
+        self.objects = objects
+        self.patches: list[tuple[str, str | None, Obj]] = []
+        self.created: list[Obj] = []
+
+    def get(self, res: kube.Resource, namespace: str | None, name: str) -> Obj | None:
+        return self.objects.get((res.plural, name))
+
+    def patch(self, res: kube.Resource, namespace: str | None, name: str, patch: Obj,
+              subresource: str | None = None) -> Obj:
+        self.patches.append((res.plural, subresource, patch))
+        return {}
+
+    def create(self, res: kube.Resource, body: Obj) -> Obj:
+        self.created.append(body)
+        return body
+
+
+def service(**auto: Any) -> Obj:
+    return {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
+            "metadata": {"name": "tts", "namespace": "speech", "uid": "u1"},
+            "spec": {"replicas": 2, "autoscaling": {"enabled": True, "maxReplicas": 8, "targetQPSPerReplica": 5,
+                                                    "prometheus": {"url": "https://prom:9090",
+                                                                   "bearerTokenSecret": {"name": "prom", "key": "t"}},
+                                                    **auto}}}
+
+
+def vec(value: float) -> list[Obj]:
+    return [{"metric": {}, "value": [0, str(value)]}]
+
+
+def test_scales_through_the_scale_subresource_with_the_secret_token() -> None:
+    api = FakeKube({("cosyvoiceservices", "tts"): service(),
+                    ("secrets", "prom"): {"data": {"t": base64.b64encode(b"s3cret\n").decode()}},
+                    ("deployments", "tts"): {"status": {"readyReplicas": 2}}})
+    seen: dict[str, Any] = {}
+    queries = build_queries("speech", "tts")
+
+    def connect(url: str, **kw: Any) -> Any:
+        seen.update(kw, url=url)
+        return lambda q: vec(30.0) if q == queries["qps"] else vec(1.0) if q == queries["targets_up"] else []
+
+    decision = Autoscaler(api, connect=connect, clock=lambda: 100.0).evaluate("speech", "tts")  # type: ignore[arg-type]
+    assert seen["url"] == "https://prom:9090" and seen["token"] == "s3cret"
+    assert decision is not None and decision.desired == 6
+    assert ("cosyvoiceservices", "scale", {"spec": {"replicas": 6}}) in api.patches
+    (status,) = [p for r, sub, p in api.patches if sub == "status"]
+    auto = status["status"]["autoscaling"]
+    assert auto["currentQPS"] == 30.0 and auto["desiredReplicas"] == 6 and auto["lastScaleReason"] == "ScaleUp"
+    assert {c["type"]: c["status"] for c in auto["conditions"]} == \
+        {"AbleToScale": "True", "ScalingActive": "True", "ScalingLimited": "False"}
+    (event,) = api.created
+    assert event["reason"] == "SuccessfulRescale" and event["involvedObject"]["uid"] == "u1"
+    assert event["message"].startswith("New size: 6; reason: ScaleUp")
+    assert SECRETS.path("speech", "prom") == "/api/v1/namespaces/speech/secrets/prom"
+
+
+def test_missing_secret_or_failing_prometheus_hold_and_report() -> None:
+    api = FakeKube({("cosyvoiceservices", "tts"): service()})
+    decision = Autoscaler(api, connect=lambda *a, **k: None).evaluate("speech", "tts")  # type: ignore[arg-type]
+    assert decision is not None and decision.desired == 2 and decision.reason == "MetricsUnavailable"
+    assert not [p for r, sub, p in api.patches if sub == "scale"]
+    (status,) = [p for r, sub, p in api.patches if sub == "status"]
+    active = {c["type"]: c for c in status["status"]["autoscaling"]["conditions"]}["ScalingActive"]
+    assert active["status"] == "False" and active["reason"] == "MetricsUnavailable"
+    assert "cannot read Prometheus credentials: Secret speech/prom not found" in active["message"]
+    assert [e["reason"] for e in api.created] == ["FailedGetMetrics"]
+
+    def down(q: str) -> Any:
+        raise QueryFailed("ConnectionError: refused")
+    api2 = FakeKube({("cosyvoiceservices", "tts"): service(prometheus={"url": "http://prom:9090"})})
+    decision = Autoscaler(api2, connect=lambda *a, **k: down).evaluate("speech", "tts")  # type: ignore[arg-type]
+    assert decision is not None and decision.desired == 2
+    assert "Prometheus query failed: ConnectionError: refused" in decision.message
+
+
+def test_disabled_or_gone_services_are_left_alone() -> None:
+    api = FakeKube({("cosyvoiceservices", "tts"): service(enabled=False)})
+    assert Autoscaler(api).evaluate("speech", "tts") is None  # type: ignore[arg-type]
+    assert Autoscaler(FakeKube({})).evaluate("speech", "tts") is None  # type: ignore[arg-type]
+    assert api.patches == [] and api.created == []

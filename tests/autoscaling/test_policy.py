@@ -1,0 +1,183 @@
+"""The autoscaling decision, table-driven: each row is a situation an SRE would recognise and the count
+(and reason) they would expect."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cosyvoice_operator.autoscaling.policy import (DEFAULT_SCALE_DOWN, History, Metrics, Policy, Rules, Settings,
+                                                   decide, scale_limit)
+from cosyvoice_operator.spec import parse_spec
+
+BASE = Settings(min_replicas=1, max_replicas=20, target_qps_per_replica=4.0, target_p95_ms=1000.0,
+                scale_down=Rules(0.0, DEFAULT_SCALE_DOWN.policies))
+NO_LIMITS = replace(BASE, scale_up=Rules(0.0, ()), scale_down=Rules(0.0, ()))
+
+
+def m(qps: float | None = None, **kw: float | str | None) -> Metrics:
+    return Metrics(qps=qps, **kw)  # type: ignore[arg-type]
+
+
+CASES = [
+    # id, settings, metrics, current, ready, expected desired, expected reason
+    ("proportional-up", NO_LIMITS, m(40.0, p95_ms=500), 4, 4, 10, "ScaleUp"),
+    ("proportional-down", NO_LIMITS, m(8.0, p95_ms=300), 4, 4, 2, "ScaleDown"),
+    ("within-tolerance-up", NO_LIMITS, m(17.0, p95_ms=500), 4, 4, 4, "WithinTolerance"),  # 4.25 vs 4: +6 %
+    ("within-tolerance-down", NO_LIMITS, m(15.0, p95_ms=500), 4, 4, 4, "WithinTolerance"),
+    ("outside-tolerance", NO_LIMITS, m(18.0, p95_ms=500), 4, 4, 5, "ScaleUp"),  # 4.5: +12.5 %
+    ("served-rate-saturated-backlog-growing", NO_LIMITS, m(16.0, inflight_growth=24.0, p95_ms=900), 4, 4, 10,
+     "ScaleUp"),
+    ("backlog-draining-is-not-demand", NO_LIMITS, m(30.0, inflight_growth=-10.0, p95_ms=500), 5, 5, 5,
+     "WithinTolerance"),
+    ("burst-short-window", NO_LIMITS, m(8.0, qps_short=40.0, p95_ms=500), 2, 2, 10, "ScaleUp"),
+    ("inflight-target-wins", replace(NO_LIMITS, target_inflight_per_replica=2.0), m(8.0, inflight=20.0, p95_ms=500),
+     2, 2, 10, "ScaleUp"),
+    ("no-traffic-scales-to-min", NO_LIMITS, m(0.0, inflight=0.0), 6, 6, 1, "ScaleDown"),
+    ("no-traffic-scale-to-zero", replace(NO_LIMITS, min_replicas=0), m(0.0, inflight=0.0), 3, 3, 0, "ScaleDown"),
+    ("from-zero-any-traffic-wakes", replace(NO_LIMITS, min_replicas=0), m(0.5), 0, 0, 1, "ScaleUp"),
+    # Warming pods are capacity: the same demand while they start asks for nothing more.
+    ("warming-pods-count", NO_LIMITS, m(40.0, p95_ms=5000), 10, 4, 10, "WithinTolerance"),
+    ("latency-guard-waits-a-window", NO_LIMITS, m(16.0, p95_ms=2000), 4, 4, 4, "WithinTolerance"),
+    ("latency-guard-waits-for-warming", NO_LIMITS, m(16.0, p95_ms=2000), 5, 4, 5, "LatencyGuard"),
+    ("latency-hysteresis-blocks-scale-down", NO_LIMITS, m(8.0, p95_ms=900), 4, 4, 4, "LatencyGuard"),
+    ("low-latency-allows-scale-down", NO_LIMITS, m(8.0, p95_ms=700), 4, 4, 2, "ScaleDown"),
+    ("ttfa-blocks-scale-down", replace(NO_LIMITS, target_ttfa_ms=300.0), m(8.0, p95_ms=500, ttfa_p95_ms=290), 4, 4,
+     4, "LatencyGuard"),
+    ("bounded-by-max", replace(NO_LIMITS, max_replicas=6), m(100.0), 4, 4, 6, "ScaleUp"),
+    ("bounded-by-min", replace(NO_LIMITS, min_replicas=3), m(1.0), 5, 5, 3, "ScaleDown"),
+    ("scale-up-step-limit-pods", replace(BASE, scale_up=Rules(0.0, (Policy("Pods", 2, 60.0),))), m(100.0), 3, 3, 5,
+     "ScaleUp"),
+    ("scale-up-step-limit-percent", replace(BASE, scale_up=Rules(0.0, (Policy("Percent", 50, 60.0),))), m(100.0), 4,
+     4, 6, "ScaleUp"),
+    ("scale-up-max-of-policies", BASE, m(200.0), 2, 2, 6, "ScaleUp"),  # HPA default: max(2 + 4, 2 × 2)
+    ("scale-down-percent-limit", BASE, m(4.0, p95_ms=100), 10, 10, 5, "ScaleDown"),  # 50 % per 60 s
+    ("scale-down-disabled", replace(BASE, scale_down=Rules(0.0, DEFAULT_SCALE_DOWN.policies, "Disabled")),
+     m(4.0, p95_ms=100), 10, 10, 10, "ScaleDown"),
+    # No data: held, whatever the previous traffic was.
+    ("query-failed-holds", NO_LIMITS, Metrics(error="Prometheus query failed: connection refused"), 6, 6, 6,
+     "MetricsUnavailable"),
+    ("empty-result-holds", NO_LIMITS, Metrics(), 6, 6, 6, "MetricsUnavailable"),
+    ("empty-result-holds-above-max", replace(NO_LIMITS, max_replicas=4), Metrics(), 6, 6, 6, "MetricsUnavailable"),
+]
+
+
+@pytest.mark.parametrize(("settings", "metrics", "current", "ready", "desired", "reason"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_decision(settings: Settings, metrics: Metrics, current: int, ready: int, desired: int, reason: str) -> None:
+    d = decide(1000.0, metrics, current=current, ready=ready, policy=settings, history=History())
+    assert (d.desired, d.reason) == (desired, reason), d.message
+    assert d.metrics_ok == (reason not in ("MetricsUnavailable", "FallbackReplicas"))
+
+
+@pytest.mark.parametrize(("metrics", "ready", "added"), [
+    (m(16.0, p95_ms=2000), 4, True),  # over the objective for a whole window, nothing warming: +25 %
+    (m(16.0, p95_ms=500, ttfa_p95_ms=600), 4, True),  # the streaming objective counts the same way
+    (m(16.0, p95_ms=2000, inflight_growth=-3.0), 4, False),  # the backlog is draining: the p95 lags, wait
+    (m(16.0, p95_ms=2000), 3, False),  # a pod is warming: it is the capacity on its way
+    (m(16.0, p95_ms=1050), 4, False),  # within tolerance of the objective
+])
+def test_latency_guardrail_needs_a_sustained_breach(metrics: Metrics, ready: int, added: bool) -> None:
+    s = replace(NO_LIMITS, target_ttfa_ms=300.0)
+    history = History()
+    for now in (0.0, 15.0, 30.0, 45.0, 60.0):
+        d = decide(now, metrics, current=4, ready=ready, policy=s, history=history)
+        history = d.history
+        if now < 60.0:
+            assert d.desired == 4  # a single window of high p95 may be the past capacity's
+    assert (d.desired, d.reason) == ((5, "LatencyAboveTarget") if added else (4, d.reason))
+    assert added == (d.reason == "LatencyAboveTarget")
+
+
+def test_limits_set_conditions() -> None:
+    d = decide(0.0, m(100.0), current=4, ready=4, policy=replace(NO_LIMITS, max_replicas=6), history=History())
+    assert (d.limited, d.limited_reason) == (True, "TooManyReplicas")
+    d = decide(0.0, m(100.0), current=2, ready=2, policy=BASE, history=History())
+    assert (d.able_to_scale, d.able_reason) == (False, "ScaleUpLimit")
+    assert d.desired == 6 and "limited to 6 by scaleUp policies" in d.message
+
+
+def run(settings: Settings, steps: list[tuple[float, Metrics]], current: int) -> list[int]:
+    """Evaluations over time, the count carried forward as the cluster would apply it."""
+    history, out = History(), []
+    for now, metrics in steps:
+        d = decide(now, metrics, current=current, ready=current, policy=settings, history=history)
+        history, current = d.history, d.desired
+        out.append(current)
+    return out
+
+
+def test_scale_down_stabilization_takes_the_highest_recent_recommendation() -> None:
+    s = replace(NO_LIMITS, scale_down=Rules(300.0, ()))
+    # Demand for 10 at t=0, then for 2: nothing goes down until 300 s after the last high recommendation.
+    steps = [(0.0, m(40.0))] + [(t, m(8.0, p95_ms=100)) for t in (15.0, 150.0, 299.0, 301.0)]
+    assert run(s, steps, 10) == [10, 10, 10, 10, 2]
+
+
+def test_no_scale_down_before_a_whole_window_was_observed() -> None:
+    """After an operator restart the history is empty: the first low reading must not drop replicas."""
+    s = replace(NO_LIMITS, scale_down=Rules(300.0, ()))
+    steps = [(t, m(8.0, p95_ms=100)) for t in (1000.0, 1100.0, 1299.0, 1300.0)]
+    assert run(s, steps, 10) == [10, 10, 10, 2]
+
+
+def test_scale_up_stabilization_takes_the_lowest_recent_recommendation() -> None:
+    s = replace(NO_LIMITS, scale_up=Rules(60.0, ()))
+    steps = [(0.0, m(16.0)), (15.0, m(40.0)), (45.0, m(40.0)), (76.0, m(40.0))]
+    assert run(s, steps, 4) == [4, 4, 4, 10]
+
+
+def test_scale_up_rate_limit_counts_from_the_start_of_the_period() -> None:
+    s = replace(BASE, scale_up=Rules(0.0, (Policy("Pods", 2, 60.0),)))
+    steps = [(t, m(100.0)) for t in (0.0, 15.0, 30.0, 61.0)]
+    assert run(s, steps, 2) == [4, 4, 4, 6]
+
+
+def test_scale_limit_helper_matches_hpa_percent_rounding() -> None:
+    up = Rules(0.0, (Policy("Percent", 100, 15.0), Policy("Pods", 4, 15.0)), "Max")
+    assert scale_limit(up, 3, [], 0.0, up=True) == 7  # max(3 × 2, 3 + 4)
+    assert scale_limit(replace(up, select="Min"), 3, [], 0.0, up=True) == 6
+    down = Rules(0.0, (Policy("Percent", 50, 60.0),))
+    assert scale_limit(down, 5, [], 0.0, up=False) == 3  # ceil(5 × 0.5)
+    assert scale_limit(down, 5, [(10.0, -2)], 30.0, up=False) == 4  # the period started at 7
+
+
+def test_no_data_never_scales_down_and_fallback_only_raises() -> None:
+    s = replace(NO_LIMITS, fallback_replicas=8, failure_threshold=3)
+    outage = Metrics(error="Prometheus query failed")
+    assert run(s, [(float(t), outage) for t in range(5)], 4) == [4, 4, 8, 8, 8]
+    assert run(s, [(float(t), outage) for t in range(5)], 10) == [10] * 5  # above the fallback: held
+    # Data again: the failure count resets and the proportional signal decides.
+    d = decide(0.0, outage, current=4, ready=4, policy=s, history=History(failures=2))
+    assert (d.desired, d.reason, d.history.failures) == (8, "FallbackReplicas", 3)
+    d = decide(1.0, m(16.0), current=8, ready=8, policy=s, history=d.history)
+    assert d.history.failures == 0 and d.desired == 4
+
+
+def test_no_traffic_versus_no_data() -> None:
+    """Series present with rate 0 may scale down; an empty result (no series) may not."""
+    zero = decide(0.0, m(0.0, inflight=0.0), current=5, ready=5, policy=NO_LIMITS, history=History())
+    empty = decide(0.0, Metrics(qps=None, inflight=None), current=5, ready=5, policy=NO_LIMITS, history=History())
+    assert (zero.desired, zero.metrics_ok) == (1, True)
+    assert (empty.desired, empty.metrics_ok, empty.reason) == (5, False, "MetricsUnavailable")
+
+
+def test_constant_load_with_noise_does_not_flap() -> None:
+    """±8 % noise around the target, within the 10 % tolerance: no scale event at all."""
+    noisy = [40.0 * (1 + 0.08 * ((i * 7919) % 17 - 8) / 8) for i in range(200)]
+    counts = run(BASE, [(15.0 * i, m(q, p95_ms=600)) for i, q in enumerate(noisy)], 10)
+    assert set(counts) == {10}
+
+
+def test_settings_from_the_crd_example() -> None:
+    import yaml
+    from cvs_testkit import EXAMPLES_DIR
+
+    spec = parse_spec(yaml.safe_load((EXAMPLES_DIR / "mig-mixed-autoscaling.yaml").read_text())["spec"])
+    s = Settings.from_spec(spec.autoscaling)
+    assert (s.min_replicas, s.max_replicas, s.target_qps_per_replica, s.target_p95_ms) == (2, 12, 6, 800)
+    assert s.scale_down == Rules(300.0, (Policy("Pods", 1, 60.0),), "Max")
+    assert (s.fallback_replicas, s.failure_threshold) == (4, 3)
+    defaults = Settings.from_spec(parse_spec({"autoscaling": {"enabled": True, "maxReplicas": 3,
+                                                              "targetQPSPerReplica": 1}}).autoscaling)
+    assert defaults.scale_down.stabilization_s == 300.0 and defaults.fallback_replicas is None

@@ -1,0 +1,66 @@
+"""PromQL scoping and the reading of results: what counts as "no traffic" and what as "no data"."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cosyvoice_operator.autoscaling import prometheus
+from cosyvoice_operator.autoscaling.prometheus import QueryFailed, build_queries, read
+from cosyvoice_operator.spec import parse_spec
+
+
+def test_every_query_is_scoped_to_one_service() -> None:
+    queries = build_queries("speech", "tts-prod")
+    matcher = 'namespace="speech",cosyvoice_service="tts-prod"'
+    for key, promql in queries.items():
+        assert matcher in promql, key
+    assert queries["qps"] == f"sum(rate(cosyvoice_requests_total{{{matcher}}}[1m]))"
+    assert 'code="200"' in queries["p95_ms"] and queries["p95_ms"].startswith("histogram_quantile(0.95,")
+
+
+def test_overrides_take_the_selector() -> None:
+    spec = parse_spec({"autoscaling": {"queries": {
+        "qps": 'sum(rate(my_requests_total{$selector,route="/v1/audio/speech"}[2m]))'}}})
+    queries = build_queries("ns", 'we"ird', spec.autoscaling.queries)
+    assert queries["qps"] == ('sum(rate(my_requests_total{namespace="ns",cosyvoice_service="we\\"ird",'
+                              'route="/v1/audio/speech"}[2m]))')
+    assert queries["inflight"] == build_queries("ns", 'we"ird')["inflight"]  # not overridden
+
+
+def fake(results: dict[str, Any]) -> prometheus.Query:
+    queries = build_queries("ns", "tts")
+    by_query = {queries[k]: v for k, v in results.items()}
+
+    def query(promql: str) -> list[dict[str, Any]]:
+        value = by_query.get(promql, [])
+        if isinstance(value, Exception):
+            raise value
+        return value
+    return query
+
+
+def vec(value: str) -> list[dict[str, Any]]:
+    return [{"metric": {}, "value": [1700000000.0, value]}]
+
+
+@pytest.mark.parametrize(("results", "error", "qps"), [
+    ({"targets_up": vec("1"), "qps": vec("0"), "inflight": vec("0"), "p95_ms": vec("NaN")}, None, 0.0),  # no traffic
+    ({"targets_up": vec("2"), "qps": vec("12.5"), "inflight": vec("3")}, None, 12.5),
+    ({"targets_up": [], "qps": [], "inflight": []}, "no series for the service", None),  # no data: empty
+    ({"targets_up": vec("0"), "qps": vec("0"), "inflight": vec("0")}, "scrape target", None),  # targets down
+    ({"targets_up": QueryFailed("ConnectionError: refused")}, "Prometheus query failed", None),
+])
+def test_no_traffic_is_not_no_data(results: dict[str, Any], error: str | None, qps: float | None) -> None:
+    reading = read(fake(results), build_queries("ns", "tts"))
+    if error:
+        assert reading.metrics.error and error in reading.metrics.error
+    else:
+        assert reading.metrics.error is None and reading.metrics.qps == qps
+        assert reading.metrics.p95_ms is None  # NaN (no requests) or absent: no latency reading
+
+
+def test_optional_signal_failures_do_not_lose_the_reading() -> None:
+    reading = read(fake({"qps": vec("4"), "inflight": vec("1"), "p95_ms": QueryFailed("timeout")}),
+                   build_queries("ns", "tts"))
+    assert reading.metrics.error is None and reading.metrics.qps == 4.0 and reading.metrics.p95_ms is None
