@@ -15,16 +15,16 @@ references instead.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import kopf
 
 from .constants import GROUP, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
-from .autoscaling.controller import Autoscaler
+from .autoscaling.controller import Autoscaler, post_event
 from .kube import ApiError, Kube
 from .reconcile import Reconciler, owner_of
 from .spec import InvalidSpec
@@ -56,11 +56,14 @@ def configure(settings: kopf.OperatorSettings) -> None:
         settings.watching.label_selectors[group, version, plural] = f"{LABEL_MANAGED_BY}={MANAGER}"
 
 
-def _record(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    try:
-        kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1000])
-    except LookupError:  # outside kopf's context (no event queue): keep the message in the log
-        log.info("%s %s: %s", type_, reason, message)
+def _recorder(client: Kube) -> Callable[[dict[str, Any], str, str, str], None]:
+    def record(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1000])
+        except LookupError:  # outside a handler (the resync loop) kopf has no event queue: write it directly
+            post_event(client, body, type_, reason, message)
+
+    return record
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:
@@ -76,7 +79,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     configure(settings)
     if memo.get("kube") is None:
         memo.kube = Kube.from_environment()
-    memo.reconciler = Reconciler(memo.kube, record=_record, cluster_domain=memo.get("cluster_domain", "cluster.local"))
+    memo.reconciler = Reconciler(memo.kube, record=_recorder(memo.kube), cluster_domain=memo.get("cluster_domain", "cluster.local"))
     memo.last_resync = None
     memo.resync_task = asyncio.create_task(_resync_forever(memo))
     memo.autoscaler = Autoscaler(memo.kube)  # posts its events itself: it runs outside handlers
@@ -131,9 +134,7 @@ async def _resync_forever(memo: kopf.Memo) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            # Copy kopf's context into the worker thread so that events can be posted from there.
-            ctx = contextvars.copy_context()
-            count = await loop.run_in_executor(None, ctx.run, memo.reconciler.resync, namespaces)
+            count = await loop.run_in_executor(None, memo.reconciler.resync, namespaces)
         except ApiError as exc:
             log.warning("resync failed, retrying in %.0fs: %s", interval, exc)
             continue

@@ -262,3 +262,24 @@ async def test_deleting_the_service_leaves_children_to_the_garbage_collector(clu
             assert ref["uid"] == cr["metadata"]["uid"] and ref["blockOwnerDeletion"] is True
         deletes = [r.url.path for r in list(cluster) if str(r.method).upper().endswith("DELETE")]
         assert deletes == [CVS_PATH.format(ns=NS) + "/tts"]  # only the user's own delete
+
+
+def test_events_outside_handlers_are_written_directly() -> None:
+    """The resync loop runs outside kopf's handlers, where kopf.event has no queue: its events
+    (drift put back, status changes) still reach `kubectl describe`."""
+    from cosyvoice_operator.handlers import _recorder
+
+    posted: list[Obj] = []
+
+    class Client:
+        def create(self, resource: Any, body: Obj) -> Obj:
+            posted.append(body)
+            return body
+
+    body = cvs()
+    body["metadata"]["uid"] = "u-1"
+    _recorder(Client())(body, "Normal", "Recreated", "Recreated Deployment tts (it was deleted)")  # type: ignore[arg-type]
+    assert len(posted) == 1
+    ev = posted[0]
+    assert (ev["reason"], ev["type"], ev["involvedObject"]["name"], ev["involvedObject"]["uid"]) == (
+        "Recreated", "Normal", "tts", "u-1")

@@ -51,6 +51,7 @@ class Preset:
     est_heads: int
     est_head_dim: int
     est_ff: int
+    est_kernel: int  # temporal kernel of the estimator's convolutions
     # vocoder: conv_pre channels, then x8, x5, x3 upsampling (kernels 16, 11, 7) and a x4 sub-pixel stage
     voc_channels: tuple[int, int, int, int]
     voc_res_kernels: tuple[int, ...]
@@ -64,12 +65,14 @@ class Preset:
 
 
 PRESETS = {
+    # Every stage and tensor name of the real model at a size where per-call overhead, not arithmetic,
+    # dominates: what the CPU tests and the scheduling benchmark are meant to see.
     "tiny": Preset(
         name="cosyvoice2-tiny",
         hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, speech_vocab=512, rope_theta=1e6, eos_bias=2.0,
-        enc_dim=32, enc_blocks=1, enc_up_blocks=1, enc_heads=2, enc_ff=64,
-        est_channels=48, est_resnets=1, est_transformers=1, est_heads=2, est_head_dim=16, est_ff=96,
-        voc_channels=(48, 32, 16, 8), voc_res_kernels=(3,), voc_dilations=(1,),
+        enc_dim=16, enc_blocks=1, enc_up_blocks=1, enc_heads=2, enc_ff=32,
+        est_channels=16, est_resnets=1, est_transformers=1, est_heads=2, est_head_dim=8, est_ff=32, est_kernel=1,
+        voc_channels=(32, 16, 8, 4), voc_res_kernels=(3,), voc_dilations=(1,),
     ),
     # CosyVoice2-0.5B's layer sizes (FIELD: Qwen2-0.5B body, UpsampleConformerEncoder 512/8 heads/6+4 blocks,
     # CausalConditionalDecoder 256 channels with 4 + 12 x 4 transformer blocks, HiFT 512 base channels).
@@ -78,7 +81,7 @@ PRESETS = {
         name="cosyvoice2-random-fullsize",
         hidden=896, layers=24, heads=14, kv_heads=2, mlp=4864, speech_vocab=6561, rope_theta=1e6, eos_bias=2.0,
         enc_dim=512, enc_blocks=6, enc_up_blocks=4, enc_heads=8, enc_ff=2048,
-        est_channels=256, est_resnets=14, est_transformers=4, est_heads=8, est_head_dim=64, est_ff=1024,
+        est_channels=256, est_resnets=14, est_transformers=4, est_heads=8, est_head_dim=64, est_ff=1024, est_kernel=3,
         voc_channels=(512, 256, 128, 64), voc_res_kernels=(3, 7, 11), voc_dilations=(1, 3, 5),
         external_data=True,
     ),
@@ -237,7 +240,7 @@ def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
 
 def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     """The flow-matching estimator with CosyVoice's export names: x, mask, mu, t, spks, cond -> estimator_out."""
-    c = p.est_channels
+    c, k = p.est_channels, p.est_kernel
     g = GraphBuilder("estimator")
     x = g.input("x", "float32", ["batch", MEL_BINS, "frames"])
     mask = g.input("mask", "float32", ["batch", 1, "frames"])
@@ -247,7 +250,7 @@ def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     cond = g.input("cond", "float32", ["batch", MEL_BINS, "frames"])
     spk_b = g.op("Expand", [g.op("Unsqueeze", [spks, g.const(i64(2))]), g.op("Shape", [x])])
     h = g.op("Concat", [x, mu, spk_b, cond], axis=1)  # 320 input channels, as CosyVoice2's decoder
-    h = g.op("Mul", [g.conv1d(h, init.w(c, 4 * MEL_BINS, 3, fan_in=3 * 4 * MEL_BINS), init.zeros(c), 1, "down.conv"), mask])
+    h = g.op("Mul", [g.conv1d(h, init.w(c, 4 * MEL_BINS, k, fan_in=k * 4 * MEL_BINS), init.zeros(c), k // 2, "down.conv"), mask])
     half = 16
     freqs = (np.exp(-np.log(10000.0) * np.arange(half) / half) * 1000.0).astype(np.float32)
     targ = g.op("Mul", [g.op("Unsqueeze", [t, g.const(i64(1))]), g.const(freqs)])
@@ -256,15 +259,15 @@ def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     temb = g.op("Unsqueeze", [temb, g.const(i64(2))])
     key = g.key_mask(mask)
     for r in range(p.est_resnets):
-        h1 = g.op("Add", [g.op("Mul", [g.silu(g.conv1d(h, init.w(c, c, 3, fan_in=3 * c), init.zeros(c), 1, f"blocks.{r}.resnet.0")),
+        h1 = g.op("Add", [g.op("Mul", [g.silu(g.conv1d(h, init.w(c, c, k, fan_in=k * c), init.zeros(c), k // 2, f"blocks.{r}.resnet.0")),
                                        mask]), temb])
-        h2 = g.op("Mul", [g.conv1d(g.silu(h1), init.w(c, c, 3, fan_in=3 * c), init.zeros(c), 1, f"blocks.{r}.resnet.1"), mask])
+        h2 = g.op("Mul", [g.conv1d(g.silu(h1), init.w(c, c, k, fan_in=k * c), init.zeros(c), k // 2, f"blocks.{r}.resnet.1"), mask])
         h = g.op("Add", [h, h2])
         xt = g.op("Transpose", [h], perm=[0, 2, 1])
         for j in range(p.est_transformers):
             xt = g.transformer_block(xt, key, c, p.est_heads, p.est_head_dim, p.est_ff, init.w, f"blocks.{r}.transformer.{j}")
         h = g.op("Mul", [g.op("Transpose", [xt], perm=[0, 2, 1]), mask])
-    out = g.op("Mul", [g.conv1d(g.silu(h), init.w(MEL_BINS, c, 3, fan_in=3 * c), init.zeros(MEL_BINS), 1, "final_proj"), mask])
+    out = g.op("Mul", [g.conv1d(g.silu(h), init.w(MEL_BINS, c, k, fan_in=k * c), init.zeros(MEL_BINS), k // 2, "final_proj"), mask])
     g.output(out, "estimator_out", "float32", ["batch", MEL_BINS, "frames"])
     return g.model("CosyVoice2-style flow-matching estimator (random weights)")
 
