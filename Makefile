@@ -59,6 +59,7 @@ tiny-model: install
 	$(VENV)/bin/cosyvoice-server generate-model --preset tiny --out inference_image/cosyvoice_server/models/tiny
 
 bench: install-test
+	$(PIP) install -q -r requirements-bench.txt
 	bash bench/peers/setup.sh
 	$(PY) -m bench.run
 
