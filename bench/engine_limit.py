@@ -3,7 +3,6 @@ batches), driven in-process with no HTTP. What the server can at best approach o
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from cosyvoice_server.metrics import Metrics
 from cosyvoice_server.scheduling.request import Done, Outcome
 from cosyvoice_server.state import ServerState
 
-from .loadgen import Result, in_window
+from .loadgen import Result, drive
 
 
 class Engine:
@@ -39,17 +38,4 @@ class Engine:
         return Result(200 if ok else 500, time.perf_counter() - t0, ttfa, samples / 24000, t0)
 
     async def closed_loop(self, concurrency: int, duration: float, text: str, warmup: float = 1.0) -> list[Result]:
-        results: list[Result] = []
-        t_start = time.perf_counter()
-        stop = t_start + warmup + duration
-
-        async def user(i: int) -> None:
-            seed = i * 100_000
-            while time.perf_counter() < stop:
-                r = await self.one(text, seed)
-                seed += 1
-                if in_window(r, t_start + warmup, stop):
-                    results.append(r)
-
-        await asyncio.gather(*[user(i) for i in range(concurrency)])
-        return results
+        return await drive(lambda _, seed: self.one(text, seed), concurrency, duration, warmup)

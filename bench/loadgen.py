@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -56,9 +57,10 @@ def clients(url: str, n: int) -> list[httpx.AsyncClient]:
     return [httpx.AsyncClient(base_url=url, timeout=300, limits=limits) for _ in range(n)]
 
 
-async def closed_loop(url: str, concurrency: int, duration: float, text: str, stream: bool, warmup: float = 1.0) -> list[Result]:
-    """`concurrency` users, each sending its next request when the last one returns."""
-    pool = clients(url, min(8, concurrency))
+async def drive(send: Callable[[int, int], Awaitable[Result]], concurrency: int, duration: float,
+                warmup: float = 1.0) -> list[Result]:
+    """The closed loop every system is measured with: `concurrency` users, each calling
+    `send(user, seed)` again as soon as its last request returns; seeds are user * 100000 + k."""
     results: list[Result] = []
     t_start = time.perf_counter()
     stop = t_start + warmup + duration
@@ -66,16 +68,21 @@ async def closed_loop(url: str, concurrency: int, duration: float, text: str, st
     async def user(i: int) -> None:
         seed = i * 100_000
         while time.perf_counter() < stop:
-            r = await one(pool[i % len(pool)], text, seed, stream)
+            r = await send(i, seed)
             seed += 1
             if in_window(r, t_start + warmup, stop):
                 results.append(r)
 
+    await asyncio.gather(*[user(i) for i in range(concurrency)])
+    return results
+
+
+async def closed_loop(url: str, concurrency: int, duration: float, text: str, stream: bool, warmup: float = 1.0) -> list[Result]:
+    pool = clients(url, min(8, concurrency))
     try:
-        await asyncio.gather(*[user(i) for i in range(concurrency)])
+        return await drive(lambda i, seed: one(pool[i % len(pool)], text, seed, stream), concurrency, duration, warmup)
     finally:
         await asyncio.gather(*[c.aclose() for c in pool])
-    return results
 
 
 async def open_loop(url: str, rate: float, duration: float, text: str, stream: bool, seed: int = 0) -> list[Result]:

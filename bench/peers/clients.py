@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import numpy as np
 
-from ..loadgen import Result, clients
+from ..loadgen import Result, clients, drive
 
 SAMPLE_RATE = 24000
 TRITON_MODEL = "tts"
@@ -80,39 +80,10 @@ ONE: dict[str, Callable[[httpx.AsyncClient, str, int], Awaitable[Result]]] = {
 
 async def closed_loop_peer(kind: str, url: str, concurrency: int, duration: float, text: str,
                            warmup: float = 1.0) -> list[Result]:
-    """`concurrency` users, each sending its next request when the last one returns (as loadgen.closed_loop)."""
+    """The same closed loop and counting window as our server's (loadgen.drive)."""
     one = ONE[kind]
     pool = clients(url, min(8, concurrency))
-    results: list[Result] = []
-    t_start = time.perf_counter()
-    stop = t_start + warmup + duration
-
-    async def user(i: int) -> None:
-        seed = i * 100_000
-        while time.perf_counter() < stop:
-            r = await one(pool[i % len(pool)], text, seed)
-            seed += 1
-            if r.start >= t_start + warmup:
-                results.append(r)
-
     try:
-        await asyncio.gather(*[user(i) for i in range(concurrency)])
+        return await drive(lambda i, seed: one(pool[i % len(pool)], text, seed), concurrency, duration, warmup)
     finally:
         await asyncio.gather(*[c.aclose() for c in pool])
-    return results
-
-
-async def fetch_audio(kind: str, client: httpx.AsyncClient, text: str, seed: int) -> np.ndarray:
-    """One request, the audio decoded to int16 samples (for checks, not for load)."""
-    if kind == "litserve":
-        r = await client.post("/predict", json=litserve_body(text, seed))
-        r.raise_for_status()
-        return np.frombuffer(base64.b64decode(r.json()["audio"]), "<i2")
-    r = await client.post(f"/v2/models/{TRITON_MODEL}/infer", json=triton_body(text, seed))
-    r.raise_for_status()
-    header, n = _triton_header(r)
-    audio = next(o for o in header["outputs"] if o["name"] == "audio")
-    if audio["datatype"] != "INT16":
-        raise ValueError(f"audio datatype {audio['datatype']}, expected INT16")
-    size = audio["parameters"]["binary_data_size"]
-    return np.frombuffer(r.content[n:n + size], "<i2")[: _triton_length(header)]
