@@ -2,6 +2,7 @@
 (and reason) they would expect."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -31,6 +32,11 @@ CASES = [
     ("backlog-draining-is-not-demand", NO_LIMITS, m(30.0, inflight_growth=-10.0, p95_ms=500), 5, 5, 5,
      "WithinTolerance"),
     ("burst-short-window", NO_LIMITS, m(8.0, qps_short=40.0, p95_ms=500), 2, 2, 10, "ScaleUp"),
+    # a step saturating the replicas: the served short rate is capped, the queue filling up is the rest
+    ("burst-short-window-queue-filling", NO_LIMITS,
+     m(8.0, qps_short=10.0, inflight_growth_short=26.0, p95_ms=500), 2, 2, 9, "ScaleUp"),
+    ("trend-forecast", NO_LIMITS, m(36.0, qps_slope=0.05, p95_ms=500), 8, 8, 10, "ScaleUp"),  # 36 → 39.6
+    ("flat-noisy-slope-no-forecast", NO_LIMITS, m(36.0, qps_slope=0.01, p95_ms=500), 8, 8, 9, "ScaleUp"),
     ("inflight-target-wins", replace(NO_LIMITS, target_inflight_per_replica=2.0), m(8.0, inflight=20.0, p95_ms=500),
      2, 2, 10, "ScaleUp"),
     ("no-traffic-scales-to-min", NO_LIMITS, m(0.0, inflight=0.0), 6, 6, 1, "ScaleDown"),
@@ -40,17 +46,22 @@ CASES = [
     ("warming-pods-count", NO_LIMITS, m(40.0, p95_ms=5000), 10, 4, 10, "WithinTolerance"),
     ("latency-guard-waits-a-window", NO_LIMITS, m(16.0, p95_ms=2000), 4, 4, 4, "WithinTolerance"),
     ("latency-guard-waits-for-warming", NO_LIMITS, m(16.0, p95_ms=2000), 5, 4, 5, "LatencyGuard"),
-    ("latency-hysteresis-blocks-scale-down", NO_LIMITS, m(8.0, p95_ms=900), 4, 4, 4, "LatencyGuard"),
+    ("latency-hysteresis-keeps-a-spare", NO_LIMITS, m(8.0, p95_ms=900), 4, 4, 3, "ScaleDown"),  # 2 needed, +1
+    ("latency-hysteresis-spare-is-current", NO_LIMITS, m(8.0, p95_ms=900), 3, 3, 3, "LatencyGuard"),
+    ("latency-above-objective-blocks-scale-down", NO_LIMITS, m(8.0, p95_ms=1050), 4, 4, 4, "LatencyGuard"),
     ("low-latency-allows-scale-down", NO_LIMITS, m(8.0, p95_ms=700), 4, 4, 2, "ScaleDown"),
-    ("ttfa-blocks-scale-down", replace(NO_LIMITS, target_ttfa_ms=300.0), m(8.0, p95_ms=500, ttfa_p95_ms=290), 4, 4,
+    ("ttfa-blocks-scale-down", replace(NO_LIMITS, target_ttfa_ms=300.0), m(8.0, p95_ms=500, ttfa_p95_ms=310), 4, 4,
      4, "LatencyGuard"),
+    ("ttfa-keeps-a-spare", replace(NO_LIMITS, target_ttfa_ms=300.0), m(8.0, p95_ms=500, ttfa_p95_ms=290), 4, 4,
+     3, "ScaleDown"),
     ("bounded-by-max", replace(NO_LIMITS, max_replicas=6), m(100.0), 4, 4, 6, "ScaleUp"),
     ("bounded-by-min", replace(NO_LIMITS, min_replicas=3), m(1.0), 5, 5, 3, "ScaleDown"),
     ("scale-up-step-limit-pods", replace(BASE, scale_up=Rules(0.0, (Policy("Pods", 2, 60.0),))), m(100.0), 3, 3, 5,
      "ScaleUp"),
     ("scale-up-step-limit-percent", replace(BASE, scale_up=Rules(0.0, (Policy("Percent", 50, 60.0),))), m(100.0), 4,
      4, 6, "ScaleUp"),
-    ("scale-up-max-of-policies", BASE, m(200.0), 2, 2, 6, "ScaleUp"),  # HPA default: max(2 + 4, 2 × 2)
+    ("scale-up-max-of-policies", BASE, m(200.0), 2, 2, 6, "ScaleUp"),  # the default: max(2 + 4, 2 × 3)
+    ("scale-up-max-of-policies-percent", BASE, m(200.0), 5, 5, 15, "ScaleUp"),  # max(5 + 4, 5 × 3)
     ("scale-down-percent-limit", BASE, m(4.0, p95_ms=100), 10, 10, 5, "ScaleDown"),  # 50 % per 60 s
     ("scale-down-disabled", replace(BASE, scale_down=Rules(0.0, DEFAULT_SCALE_DOWN.policies, "Disabled")),
      m(4.0, p95_ms=100), 10, 10, 10, "ScaleDown"),
@@ -87,6 +98,23 @@ def test_latency_guardrail_needs_a_sustained_breach(metrics: Metrics, ready: int
             assert d.desired == 4  # a single window of high p95 may be the past capacity's
     assert (d.desired, d.reason) == ((5, "LatencyAboveTarget") if added else (4, d.reason))
     assert added == (d.reason == "LatencyAboveTarget")
+
+
+def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:
+    """A step's jump is in the 5-minute slope for 5 minutes: extrapolating it would overshoot the step."""
+    from cosyvoice_operator.autoscaling.policy import TREND_WINDOW_S
+
+    burst = decide(0.0, m(10.0, qps_short=40.0), current=3, ready=3, policy=NO_LIMITS, history=History())
+    assert (burst.desired, burst.history.burst_at) == (10, 0.0)
+    after = m(40.0, qps_slope=0.2)  # the slope of the step: +60 req/s over 5 min
+    d = decide(60.0, after, current=10, ready=10, policy=NO_LIMITS, history=burst.history)
+    assert d.desired == 10 and "rising" not in d.message
+    # nor is that slope followed if the metrics vanish now
+    assert decide(120.0, Metrics(), current=10, ready=10, policy=NO_LIMITS, history=d.history).desired == 10
+    d = decide(TREND_WINDOW_S + 1, after, current=10, ready=10, policy=NO_LIMITS, history=burst.history)
+    assert d.desired == 11 and "rising" in d.message  # 40 + 10 % cap = 44 → 11
+    assert decide(TREND_WINDOW_S + 121, Metrics(), current=11, ready=11, policy=NO_LIMITS,
+                  history=d.history).desired > 11  # a trend again, followed
 
 
 def test_limits_set_conditions() -> None:
@@ -152,6 +180,46 @@ def test_no_data_never_scales_down_and_fallback_only_raises() -> None:
     assert (d.desired, d.reason, d.history.failures) == (8, "FallbackReplicas", 3)
     d = decide(1.0, m(16.0), current=8, ready=8, policy=s, history=d.history)
     assert d.history.failures == 0 and d.desired == 4
+
+
+def test_no_data_during_a_ramp_follows_the_last_trend_up_only_and_bounded() -> None:
+    """Metrics vanish while the rate climbs: the count follows the last known slope (raise only), for at
+    most TREND_FALLBACK_S and up to (1 + TREND_FALLBACK_MAX_RISE) × the last demand; then it holds."""
+    from cosyvoice_operator.autoscaling.policy import TREND_FALLBACK_S
+
+    s = replace(NO_LIMITS, scale_down=Rules(300.0, ()))
+    ramp = m(40.0, qps_slope=0.02, p95_ms=500)  # 40 req/s, +0.02 req/s per s: +1.2 req/s a minute
+    d = decide(0.0, ramp, current=10, ready=10, policy=s, history=History())
+    history, current, counts = d.history, d.desired, []
+    outage = Metrics()  # an empty result: the series vanished
+    for now in range(15, 3000, 15):
+        d = decide(float(now), outage, current=current, ready=current, policy=s, history=history)
+        assert d.desired >= current and not d.metrics_ok and d.reason == "MetricsUnavailable"
+        history, current = d.history, d.desired
+        counts.append(current)
+    # the projection stops TREND_FALLBACK_S after the last reading: (40 + 0.02 × 900) / 4 = 14.5 → 15
+    assert max(counts) == counts[-1] == math.ceil((40 + 0.02 * TREND_FALLBACK_S) / 4) == 15
+    assert counts[:3] == [10, 10, 10]  # the projection has to leave the tolerance band first (+4 req/s: 200 s)
+    assert counts.index(15) * 15 + 15 <= TREND_FALLBACK_S
+    assert counts[-1] < 20  # nowhere near the 2× cap
+    # A flat or falling trend, or no reading yet, holds exactly.
+    for slope in (0.0, -0.05):
+        h = decide(0.0, m(40.0, qps_slope=slope), current=10, ready=10, policy=s, history=History()).history
+        assert decide(600.0, outage, current=10, ready=10, policy=s, history=h).desired == 10
+    assert decide(600.0, outage, current=10, ready=10, policy=s, history=History()).desired == 10
+    # The rise is capped at 2× the last demand, and by maxReplicas.
+    steep = decide(0.0, m(40.0, qps_slope=1.0), current=10, ready=10, policy=s, history=History()).history
+    assert decide(600.0, outage, current=10, ready=10, policy=s, history=steep).desired == 20
+    assert decide(600.0, outage, current=10, ready=10, policy=replace(s, max_replicas=12), history=steep).desired == 12
+    # Within the scale-up policies: the default allows +4 pods or +200 % per 15 s.
+    assert decide(600.0, outage, current=10, ready=10, policy=replace(s, scale_up=BASE.scale_up),
+                  history=steep).desired == 20
+    assert decide(600.0, outage, current=3, ready=3, policy=replace(s, scale_up=BASE.scale_up),
+                  history=steep).desired == 9
+    # A fixed fallback above the trend still wins, and the trend never lowers a higher count.
+    assert decide(600.0, outage, current=10, ready=10, policy=replace(s, fallback_replicas=18, failure_threshold=1),
+                  history=replace(steep, last_slope=0.02)).desired == 18
+    assert decide(600.0, outage, current=25, ready=25, policy=s, history=steep).desired == 25
 
 
 def test_no_traffic_versus_no_data() -> None:

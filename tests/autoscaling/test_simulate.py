@@ -88,6 +88,31 @@ def test_policy_holds_replicas_through_an_outage_where_keda_drops_them() -> None
     assert keda.outage_drop and keda.outage_drop > 0
 
 
+def test_policy_follows_the_last_trend_up_during_an_outage_and_hpa_holds_flat() -> None:
+    trace = make_trace("outage", 1, CFG, scale=0.5)
+    start, end = (300 + int(a) for a in trace.outages[0])
+    scaler = make_scaler("policy", CFG, trace)
+    result = simulate(trace, scaler, CFG, 1)
+    during = [d.desired for t, d in scaler.decisions if start + 15 <= t < end]
+    assert during == sorted(during) and during[-1] > during[0]  # raised along the ramp, never lowered
+    assert all(not d.metrics_ok for t, d in scaler.decisions if start + 15 <= t < end)
+    assert result.outage_drop == 0
+    hpa = make_scaler("hpa", CFG, trace)
+    simulate(trace, hpa, CFG, 1)
+    assert not [e for e in hpa.events if start + 15 <= e[0] < end]  # HPA: no metric, no change
+
+
+def test_the_reactive_bound_pays_the_cold_start_on_a_step() -> None:
+    """Knowing the rate the very second it changes still leaves the cold start unserved: on a 5× step
+    at least two minutes violate, which is why a ≥ 95 % floor on a 40-minute step cannot be met by
+    reacting (docs/autoscaling.md)."""
+    trace = make_trace("step", 0, CFG, scale=0.5)
+    bound = simulate(trace, make_scaler("reactive-bound", CFG, trace), CFG, 0)
+    oracle = simulate(trace, make_scaler("oracle", CFG, trace), CFG, 0)
+    assert oracle.violating_minutes == 0
+    assert bound.violating_minutes >= 2
+
+
 def test_policy_does_not_flap_on_constant_poisson_traffic() -> None:
     trace = make_trace("poisson", 2, CFG, scale=0.5)
     result = simulate(trace, make_scaler("policy", CFG, trace), CFG, 2)
@@ -112,7 +137,7 @@ def test_cli_simulate_writes_table_json_and_plots(tmp_path: Path, capsys: pytest
     table = (out / "results.md").read_text()
     assert "| outage | keda |" in table and "| poisson | policy |" in table
     data = json.loads((out / "results.json").read_text())
-    assert data["config"]["cold_start_s"] == 120.0 and len(data["runs"]) == 10
+    assert data["config"]["cold_start_s"] == 120.0 and len(data["runs"]) == 12
     assert {v["trace"] for v in data["verdicts"]} == {"poisson", "outage"}
     for trace in ("poisson", "outage"):
         assert (out / f"autoscaling-{trace}.png").read_bytes()[:4] == b"\x89PNG"
@@ -121,5 +146,7 @@ def test_cli_simulate_writes_table_json_and_plots(tmp_path: Path, capsys: pytest
 
 def test_project_policy_uses_the_pure_decision_function() -> None:
     p = ProjectPolicy(make_scaler("policy", CFG, make_trace("poisson", 0, CFG, 0.05)).settings)
-    assert p.evaluate(0.0, obs(4, 4, 25.0)) == 8  # 10 needed; HPA's default step: max(4 + 4, 4 × 2)
-    assert p.decisions[-1][1].reason == "ScaleUp" and p.decisions[-1][1].able_reason == "ScaleUpLimit"
+    assert p.evaluate(0.0, obs(4, 4, 25.0)) == 10  # 10 needed, within the default step max(4 + 4, 4 × 3)
+    assert p.decisions[-1][1].reason == "ScaleUp"
+    assert p.evaluate(15.0, obs(10, 4, 250.0)) == 30  # 100 needed; limited to 10 × 3 in one period
+    assert p.decisions[-1][1].able_reason == "ScaleUpLimit"

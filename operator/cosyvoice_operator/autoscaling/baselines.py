@@ -11,6 +11,8 @@
   ``ignoreNullValues: true`` (an empty result reads as 0, keda#3064), ``fallback`` only on query
   errors, ``pollingInterval`` 30 s for activation, ``cooldownPeriod`` 300 s before scaling to 0.
 * ``Oracle``: knows the offered rate of the next minute, and its pods start instantly.
+* ``ReactiveOracle`` (``reactive-bound``): sees the offered rate of the current second (no metric
+  delay, no foresight) and pays the cold start: the bound on what any reactive policy can achieve.
 * ``Static``: a pool sized for the trace's peak rate.
 
 Each has ``evaluate(now, obs) -> replicas`` and an ``interval`` (seconds between evaluations).
@@ -20,11 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .policy import DEFAULT_SCALE_UP, Decision, History, Metrics, Policy, Rules, Settings, decide, scale_limit
+from .policy import Decision, History, Metrics, Policy, Rules, Settings, decide, scale_limit
 
+# HPA v2's default behaviours (the project's own defaults are in policy.py: scale-up to 200 % per 15 s,
+# scale-down 50 % per 60 s; the baselines keep Kubernetes' defaults, as a cluster running them would).
 HPA_SCALE_UP = Rules(0.0, (Policy("Pods", 4, 15.0), Policy("Percent", 100, 15.0)), "Max")
 HPA_SCALE_DOWN = Rules(300.0, (Policy("Percent", 100, 15.0),), "Max")
-assert HPA_SCALE_UP == DEFAULT_SCALE_UP  # the project's scale-up default is HPA's
 
 
 @dataclass
@@ -164,9 +167,19 @@ class Oracle:
 
     def evaluate(self, now: float, obs: Observation) -> int:
         t = max(0, int(now - self.offset))
-        window = self.rate[t: t + 75] or [self.rate[-1]]
+        window = self.rate[t: t + getattr(self, "lookahead_s", 75)] or [self.rate[-1]]
         need = math.ceil(max(window) / self.target_qps_per_replica - 1e-9)
         return min(self.max_replicas, max(self.min_replicas, need))
+
+
+@dataclass
+class ReactiveOracle(Oracle):
+    """The best a reactive policy can know: the offered rate of this very second, without the metric
+    pipeline's delay, but no foresight, and its pods pay the cold start like everyone's. Sized at the
+    target like the oracle. Not a policy one can run: a bound on what reacting to load can achieve."""
+    name: str = "reactive-bound"
+    instant: bool = False
+    lookahead_s: int = 1
 
 
 @dataclass

@@ -8,20 +8,24 @@ How a decision is made (``decide``):
 1. **No data** (the query failed, came back empty, or the targets are down) never scales down. The
    replicas are held (``ScalingActive=False, MetricsUnavailable``); with a ``fallback`` the count is
    raised to ``fallback.replicas`` after ``failureThreshold`` consecutive failures, never lowered.
-   Only **no traffic** (series present, rate 0) may scale down.
+   If the last reading with data showed a rising trend, the count follows that trend up (raise only)
+   for at most ``TREND_FALLBACK_S`` and ``1 + TREND_FALLBACK_MAX_RISE`` times the last demand, then
+   holds. Only **no traffic** (series present, rate 0) may scale down.
 2. **Proportional signal**: the arrival rate (served rate + growth of the in-flight gauge, since the
-   served rate saturates at capacity) over ``targetQPSPerReplica``; on a rising trend, the rate
-   ``FORECAST_S`` ahead (a replica's cold start: what starts now serves then); or the rate over a short window
-   when it exceeds the long one by ``BURST_RATIO`` (Knative's panic window: a step is acted on one
-   scrape after it starts, not a rate window later); and/or in-flight over
+   served rate saturates at capacity) over ``targetQPSPerReplica``; on a rising trend (a rise over the
+   trend window beyond the tolerance, and no burst within it), the rate ``FORECAST_S`` ahead (a
+   replica's cold start: what starts now serves then); or the arrival rate over a short window when it
+   exceeds the long one by ``BURST_RATIO`` (Knative's panic window: a step is acted on one scrape after
+   it starts, not a rate window later; it bypasses the scale-up window); and/or in-flight over
    ``targetInflightPerReplica``; the larger wins. The result is a replica count independent of how
    many replicas exist, so **warming pods count as capacity**: while they start, the same demand
    gives the same count and nothing runs away.
 3. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1).
 4. **p95 guardrail with hysteresis**: p95 (or time to first audio) above ``target × (1 + tolerance)``
    for a whole rate window (``LATENCY_WINDOW_S``) with no pod warming and no backlog draining (the
-   windowed p95 lags a recovery) adds ``max(1, 25 %)`` replicas; a p95 above ``target × SCALE_DOWN_LATENCY_RATIO``
-   forbids scaling down. Latency is not proportional to replicas, so it never sets the count alone.
+   windowed p95 lags a recovery) adds ``max(1, 25 %)`` replicas; a p95 above the target forbids
+   scaling down, and one above ``target × SCALE_DOWN_LATENCY_RATIO`` keeps a spare replica above the
+   demand's count. Latency is not proportional to replicas, so it never sets the count alone.
 5. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds``, scale-up the lowest of ``scaleUp``'s window. Until a whole
    scale-down window has been observed (the history lives in the operator's memory, so after a
@@ -37,11 +41,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 FORECAST_S = 120.0  # scale up for the demand this far ahead on a rising trend: a GPU replica's cold start
+TREND_WINDOW_S = 300.0  # the trend query's range ([5m]): a trend is a rise over it of more than the tolerance
+TREND_MIN_RISE = 1.0  # × tolerance: below that rise over TREND_WINDOW_S, the slope is the noise of a flat load
 FORECAST_CAP = 0.1  # the trend adds at most this share of the current rate (a step is not a trend)
 BURST_RATIO = 1.5  # a short-window rate this far above the long one is a burst: scale up on it at once
-SCALE_DOWN_LATENCY_RATIO = 0.8  # p95 above 80 % of the objective: no scale-down (the hysteresis band)
+SCALE_DOWN_LATENCY_RATIO = 0.8  # p95 above 80 % of the objective: scale-down keeps a spare replica (the band)
+NO_SCALE_DOWN_LATENCY_RATIO = 1.0  # p95 above the objective: no scale-down at all
 LATENCY_WINDOW_S = 60.0  # the p95 query's rate window: the guardrail waits this long before adding
 GUARD_STEP_RATIO = 0.25  # the latency guardrail adds this share of the replicas (at least 1)
+TREND_FALLBACK_S = 900.0  # no data during a ramp: follow the last known trend (raise only) for at most this long
+TREND_FALLBACK_MAX_RISE = 1.0  # ... and to at most (1 + this) × the last demand seen
 HISTORY_SECONDS = 3600.0  # the longest window any rule may look back
 
 
@@ -60,9 +69,11 @@ class Rules:
     select: Literal["Max", "Min", "Disabled"] = "Max"
 
 
-# Safe for GPUs: scale up as fast as HPA does (capacity is what the SLO needs, and warming pods are
-# counted, so this does not overshoot), scale down slowly (a replica costs 60-180 s to bring back).
-DEFAULT_SCALE_UP = Rules(0.0, (Policy("Pods", 4, 15.0), Policy("Percent", 100, 15.0)), "Max")
+# Safe for GPUs: scale up faster than HPA's 4 pods or 100 % per 15 s — up to 4 pods or 200 % (a 5× step
+# is reached in two periods, not three: every 15 s lost is 15 s more of the cold start unserved), which
+# does not overshoot because warming pods are counted and maxReplicas bounds it; scale down slowly (a
+# replica costs 60-180 s to bring back).
+DEFAULT_SCALE_UP = Rules(0.0, (Policy("Pods", 4, 15.0), Policy("Percent", 200, 15.0)), "Max")
 DEFAULT_SCALE_DOWN = Rules(300.0, (Policy("Percent", 50, 60.0),), "Max")
 
 
@@ -119,6 +130,7 @@ class Metrics:
     ttfa_p95_ms: float | None = None
     qps_short: float | None = None  # the same rate over a short window (2 scrapes): the burst detector
     qps_slope: float | None = None  # d(qps)/dt over the last minutes (req/s per s): the trend of a ramp
+    inflight_growth_short: float | None = None  # the in-flight gauge's growth over the short window
     error: str | None = None
 
     @property
@@ -126,6 +138,13 @@ class Metrics:
         if self.qps is None:
             return None
         return max(0.0, self.qps + (self.inflight_growth or 0.0))
+
+    @property
+    def arrival_qps_short(self) -> float | None:
+        """The arrival rate over the short window: answered plus queued, like ``arrival_qps``."""
+        if self.qps_short is None:
+            return None
+        return max(0.0, self.qps_short + (self.inflight_growth_short or 0.0))
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,10 @@ class History:
     scale_events: tuple[tuple[float, int], ...] = ()  # (time, replica change): + up, - down
     failures: int = 0  # consecutive readings without data
     hot_since: float | None = None  # since when the latency has been over its objective with nothing warming
+    burst_at: float | None = None  # the last time the short window saw a burst
+    last_ok: float | None = None  # the time of the last reading with data
+    last_demand: float | None = None  # its arrival rate (req/s)
+    last_slope: float | None = None  # its trend (req/s per s)
 
 
 @dataclass(frozen=True)
@@ -152,25 +175,51 @@ class Decision:
     details: dict[str, float] = field(default_factory=dict)
 
 
-def _proportional(m: Metrics, s: Settings) -> tuple[float | None, str]:
+def _proportional(m: Metrics, s: Settings, after_burst: bool = False) -> tuple[float | None, str]:
     """Replicas the demand needs (a float), and which signal set it."""
     best: float | None = None
     which = ""
     arrival = m.arrival_qps
     if s.target_qps_per_replica and arrival is not None:
         best, which = arrival / s.target_qps_per_replica, "qps"
-        if m.qps_slope is not None and m.qps_slope > 0:
+        rise = m.qps_slope * TREND_WINDOW_S if m.qps_slope is not None else 0.0
+        # a trend: a rise over the trend window beyond the tolerance (below: the noise of a flat load), and
+        # no burst within the trend window (a step's jump is in the slope then: not a ramp to extrapolate)
+        if TREND_MIN_RISE * s.tolerance * arrival < rise and not after_burst:
             # capped: a trend is a ramp's; a step's jump is not a slope to extrapolate
             ahead = arrival + min(m.qps_slope * FORECAST_S, FORECAST_CAP * arrival)
             best, which = ahead / s.target_qps_per_replica, f"qps rising ({arrival:.1f} → {ahead:.1f} in " \
                                                             f"{FORECAST_S:.0f} s)"
-        if m.qps_short is not None and m.qps_short > BURST_RATIO * max(arrival, 1e-9):
-            best, which = m.qps_short / s.target_qps_per_replica, "qps (burst, short window)"
+        short = m.arrival_qps_short
+        if short is not None and short > BURST_RATIO * max(arrival, 1e-9):
+            best, which = short / s.target_qps_per_replica, "qps (burst, short window)"
     if s.target_inflight_per_replica and m.inflight is not None:
         value = m.inflight / s.target_inflight_per_replica
         if best is None or value > best:
             best, which = value, "inflight"
     return best, which
+
+
+def _trend_fallback(now: float, s: Settings, h: History) -> float | None:
+    """Replicas for the demand the last known trend projects, during a metrics outage (None: no trend).
+
+    Only a rising trend is followed (the fallback never lowers), from the last reading with data, for at
+    most ``TREND_FALLBACK_S``, to at most ``1 + TREND_FALLBACK_MAX_RISE`` times the last demand, and
+    only once the projection is more than ``tolerance`` above the last measured demand (a noisy slope on
+    a flat load raises nothing). After that the count is held.
+    """
+    if (not s.target_qps_per_replica or h.last_ok is None or h.last_demand is None or h.last_slope is None
+            or h.last_slope <= 0):
+        return None
+    elapsed = min(now - h.last_ok, TREND_FALLBACK_S)  # the demand the trend gives for now, no lead
+    demand = min(h.last_demand + h.last_slope * elapsed, h.last_demand * (1 + TREND_FALLBACK_MAX_RISE))
+    if demand <= h.last_demand * (1 + s.tolerance):
+        return None  # within the tolerance of what was measured: noise, not a ramp
+    return demand / s.target_qps_per_replica
+
+
+def ceil_(x: float) -> int:
+    return math.ceil(x - 1e-9)
 
 
 def _latency_ratio(m: Metrics, s: Settings) -> tuple[float | None, str]:
@@ -219,7 +268,9 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     s = policy
     events = _trim(history.scale_events, now)
     warming = max(0, current - ready)
-    needed, signal = (None, "") if metrics.error else _proportional(metrics, s)
+    after_burst = history.burst_at is not None and now - history.burst_at < TREND_WINDOW_S
+    needed, signal = (None, "") if metrics.error else _proportional(metrics, s, after_burst)
+    burst_at = now if signal.startswith("qps (burst") else history.burst_at
 
     # 1. No data: hold (or the fallback, never lower). No recommendation is recorded.
     if needed is None:
@@ -227,7 +278,19 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         why = metrics.error or "no proportional signal (query returned no series)"
         desired, reason = current, "MetricsUnavailable"
         message = f"holding {current} replicas: {why}"
-        if s.fallback_replicas is not None and failures >= s.failure_threshold and s.fallback_replicas > current:
+        trend = _trend_fallback(now, s, history)
+        if trend is not None and ceil_(trend) > current:
+            # A ramp was under way when the data vanished: keep adding along its last known slope, raise
+            # only, for a bounded time and rise, within the scale-up policies. Never lowers anything.
+            limit = scale_limit(s.scale_up, current, events, now, up=True)
+            up = min(ceil_(trend), s.max_replicas, limit if limit is not None else s.max_replicas)
+            if up > current:
+                desired = up
+                message = (f"raised to {desired} replicas along the last known trend "
+                           f"(+{history.last_slope:.3f} req/s per s, {now - (history.last_ok or now):.0f} s "
+                           f"without data): {why}")
+        if s.fallback_replicas is not None and failures >= s.failure_threshold and \
+                min(s.fallback_replicas, s.max_replicas) > desired:
             desired = min(s.fallback_replicas, s.max_replicas)
             reason = "FallbackReplicas"
             message = f"{failures} consecutive metric failures: raised to fallback.replicas {desired} ({why})"
@@ -244,7 +307,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         message = f"{signal} needs {needed:.2f} replicas"
     elif current > 0 and abs(needed / current - 1.0) > s.tolerance:
         rec = raw
-        reason = "ScaleUp" if raw > current else "ScaleDown" if raw < current else reason
+        reason = "ScaleUp" if rec > current else "ScaleDown" if rec < current else reason
         message = f"{signal} needs {needed:.2f} replicas"
     # 4. Latency guardrail, with hysteresis.
     if lat is not None:
@@ -256,11 +319,21 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             rec = current + max(1, math.ceil(current * GUARD_STEP_RATIO))
             reason = "LatencyAboveTarget"
             message = f"{lat_name} at {lat:.0%} of its objective with no replica warming: adding capacity"
-        elif rec < current and lat > SCALE_DOWN_LATENCY_RATIO:
+        elif rec < current and lat > NO_SCALE_DOWN_LATENCY_RATIO:
             rec = current
             reason = "LatencyGuard"
             message = (f"{signal} would allow {raw} replicas, but {lat_name} is at {lat:.0%} of its objective "
-                       f"(scale-down needs < {SCALE_DOWN_LATENCY_RATIO:.0%})")
+                       f"(scale-down needs ≤ {NO_SCALE_DOWN_LATENCY_RATIO:.0%})")
+        elif rec < current and lat > SCALE_DOWN_LATENCY_RATIO:
+            # Near the objective: go down, but keep one replica above what the demand asks (the latency is
+            # not proportional to replicas; the last one before the knee is the one that matters).
+            rec = min(current, rec + 1)
+            if rec == current:
+                reason = "LatencyGuard"
+                message = (f"{signal} would allow {raw} replicas, but {lat_name} is at {lat:.0%} of its objective: "
+                           f"keeping a spare replica (below {SCALE_DOWN_LATENCY_RATIO:.0%} it goes)")
+            else:
+                message += f"; {lat_name} at {lat:.0%} of its objective: keeping a spare replica"
     else:
         hot_since = None
     recs = _trim(history.recommendations, now) + ((now, rec),)
@@ -277,7 +350,10 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             able, able_reason = False, "ScaleDownStabilized"
             message += f"; held at {desired} by the {s.scale_down.stabilization_s:.0f} s scale-down window"
     elif rec > current:
-        window = [r for t, r in recs if now - t <= s.scale_up.stabilization_s]
+        up_window = s.scale_up.stabilization_s
+        if burst_at == now:
+            up_window = 0.0  # a burst is acted on at once, whatever the window
+        window = [r for t, r in recs if now - t <= up_window]
         desired = max(current, min(window))
         if desired < rec:
             able, able_reason = False, "ScaleUpStabilized"
@@ -305,8 +381,11 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         reason = "WithinTolerance"
     if desired != current:
         hot_since = None  # the capacity changes: the latency has to be re-observed
-    hist = History(recommendations=recs, failures=0, hot_since=hot_since,
-                   scale_events=events + (((now, desired - current),) if desired != current else ()))
+    hist = History(recommendations=recs, failures=0, hot_since=hot_since, burst_at=burst_at,
+                   scale_events=events + (((now, desired - current),) if desired != current else ()),
+                   last_ok=now, last_demand=metrics.arrival_qps,
+                   # a slope with a step's jump in it is not a trend to follow blind
+                   last_slope=None if burst_at is not None and now - burst_at < TREND_WINDOW_S else metrics.qps_slope)
     details = {"needed": float(needed)}
     if lat is not None:
         details["latency_ratio"] = float(lat)

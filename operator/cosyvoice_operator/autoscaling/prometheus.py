@@ -47,6 +47,9 @@ TEMPLATES = {
     "qps_slope": f"deriv(sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))[5m:15s])",
     "inflight": "sum(cosyvoice_inflight_requests{$selector})",
     "inflight_growth": f"sum(deriv(cosyvoice_inflight_requests{{$selector}}[{RATE_WINDOW}]))",
+    # the same over the burst window: with qps_short, the arrival rate of the last scrapes (a step that
+    # saturates the replicas shows here first, as a queue filling up)
+    "inflight_growth_short": f"sum(deriv(cosyvoice_inflight_requests{{$selector}}[{SHORT_WINDOW}]))",
     # successful requests only: fast 429s would pull the p95 down exactly when it matters
     "p95_ms": "histogram_quantile(0.95, sum by (le) (rate(cosyvoice_request_duration_seconds_bucket"
               f"{{$selector,code=\"200\"}}[{RATE_WINDOW}]))) * 1000",
@@ -153,7 +156,7 @@ def read(query: Query, queries: dict[str, str]) -> Reading:
         return Reading(Metrics(error="no series for the service: is Prometheus scraping its pods, with the "
                                      "cosyvoice_service and namespace labels? (" + queries["qps"] + ")"), queries)
     values: dict[str, float | None] = {"qps": qps, "inflight": inflight}
-    for key in ("qps_short", "qps_slope", "inflight_growth", "p95_ms", "ttfa_p95_ms"):
+    for key in ("qps_short", "qps_slope", "inflight_growth", "inflight_growth_short", "p95_ms", "ttfa_p95_ms"):
         try:
             values[key] = _scalar(query(queries[key]))
         except QueryFailed:

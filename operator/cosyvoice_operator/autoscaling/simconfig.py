@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-POLICIES = ("policy", "hpa", "keda", "oracle", "static")
+POLICIES = ("policy", "hpa", "keda", "oracle", "reactive-bound", "static")
 TRACES = ("step", "diurnal", "bursty", "poisson", "outage")
 
 

@@ -1,4 +1,4 @@
-"""Trace-driven simulator: the project's policy against HPA v2, KEDA, an oracle and a static pool.
+"""Trace-driven simulator: the project's policy against HPA v2, KEDA, an oracle, a reactive bound and a static pool.
 
     cosyvoice-operator simulate --seeds 10 --out docs/autoscaling
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, Static
+from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, ReactiveOracle, Static
 from .policy import Metrics, Settings
 from .simconfig import POLICIES, TRACES, SimConfig, add_arguments
 
@@ -211,8 +211,12 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
         base = arrived[:first + 1].sum() - done[:first + 1].sum()
         infl = [base + arrived[first + 1:t + 1].sum() - done[first + 1:t + 1].sum() for t in samples_t]
         growth = float(np.polyfit(samples_t, infl, 1)[0]) if len(samples_t) >= 2 else 0.0
+        # deriv(inflight[30s]): the gauge's change over the short window (its samples at short and last)
+        infl_short = arrived[:short + 1].sum() - done[:short + 1].sum()
+        growth_short = (infl[-1] - infl_short) / max(1, last - short)
         return Observation(len(live), ready, Metrics(qps=qps, inflight=infl[-1], inflight_growth=growth,
                                                      qps_short=qps_short, qps_slope=slope,
+                                                     inflight_growth_short=growth_short,
                                                      p95_ms=p95 * 1000 if not math.isnan(p95) else None))
 
     def scale_to(now: float, desired: int) -> None:
@@ -319,6 +323,8 @@ def make_scaler(name: str, cfg: SimConfig, trace: Trace, settings: Settings | No
         return KEDA(cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
     if name == "oracle":
         return Oracle(list(trace.rate), cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
+    if name == "reactive-bound":
+        return ReactiveOracle(list(trace.rate), cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
     if name == "static":
         return Static(min(cfg.max_replicas, math.ceil(float(trace.rate.max()) / cfg.target_qps_per_replica - 1e-9)))
     raise ValueError(name)
@@ -400,6 +406,10 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if trace in floors:
             v["attainment_floor"] = floors[trace]
             v["meets_floor"] = p["minute_attainment"] >= floors[trace]
+            bound = by.get((trace, "reactive-bound"))
+            if bound:  # can reacting meet the floor at all (the rate known at once, the cold start paid)?
+                v["reactive_bound_attainment"] = bound["minute_attainment"]
+                v["floor_reachable_by_reacting"] = bound["minute_attainment"] >= floors[trace]
         if trace == "poisson":
             v["zero_reversals"] = p["reversals_per_hour"] == 0
         if trace == "outage":
@@ -438,7 +448,7 @@ def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, seed: int) -> 
 
     paths = []
     colors = {"policy": "tab:blue", "hpa": "tab:red", "keda": "tab:orange", "oracle": "tab:green",
-              "static": "tab:gray"}
+              "static": "tab:gray", "reactive-bound": "tab:purple"}
     for trace in dict.fromkeys(r.trace for r in results):
         rs = [r for r in results if r.trace == trace and r.seed == seed]
         if not rs:
