@@ -91,7 +91,9 @@ async def test_scales_up_on_real_metrics_then_holds_when_prometheus_stops(
             assert load.sent > 0
             await eventually(lambda: auto_status(cluster)["desiredReplicas"] == 4)
             status = auto_status(cluster)
-            assert status["currentQPS"] > 1.5
+            # measured traffic, not a default (how much a loaded CI machine serves varies: the in-flight
+            # growth alone can justify the scale-up, so no bound on the rate itself)
+            assert status["currentQPS"] > 0
             assert status["lastScaleReason"] in ("ScaleUp", "LatencyAboveTarget")
             assert auto_condition(cluster, "ScalingActive")["status"] == "True"
             await eventually(lambda: auto_condition(cluster, "ScalingLimited")["reason"] == "TooManyReplicas",
