@@ -70,6 +70,8 @@ class Load:
         self._thread.join(30)
 
 
+# Real processes and real scrape timing on a shared 2-core machine: one retry before calling it a failure.
+@pytest.mark.flaky(reruns=1)
 async def test_scales_up_on_real_metrics_then_holds_when_prometheus_stops(
         cluster: Any, crd: Obj, start_server: Any, start_prometheus: Any) -> None:
     server = start_server()
