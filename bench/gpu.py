@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from cosyvoice_server.gpu import nvml_devices
 from cosyvoice_server.model.generate import generate

@@ -8,13 +8,11 @@ so the client costs about what it costs against our server.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
 
 import httpx
-import numpy as np
 
 from ..loadgen import Result, clients, drive
 

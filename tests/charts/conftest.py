@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chartkit import OPERATOR_CHART, ROOT, VALUE_SETS, Helm, Obj
 
 
@@ -29,27 +28,9 @@ def rendered(helm: Helm) -> dict[str, list[Obj]]:
 @pytest.fixture()
 def cluster(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """kmock's emulated API server with the operator's resources and a kubeconfig pointing at it."""
-    import kmock as kmock_pkg
-    import kubernetes.config.kube_config
-    from cvs_testkit import CVS_RESOURCE
+    from cvs_testkit import emulated_cluster
 
-    kmock.resources.load_bundled()
-    kmock.resources[CVS_RESOURCE] = kmock_pkg.ResourceInfo(
-        kind="CosyVoiceService", singular="cosyvoiceservice", namespaced=True, shortnames={"cvs"},
-        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}, subresources={"status", "scale"})
-    kmock.objects["v1/namespaces", None, "default"] = {
-        "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"}}
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(kmock.url).rstrip("/")}}],
-        "users": [{"name": "kmock", "user": {"token": "test"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-    }))
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    return kmock
+    return emulated_cluster(kmock, tmp_path, monkeypatch)
 
 
 def pytest_configure(config: pytest.Config) -> None:

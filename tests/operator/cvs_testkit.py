@@ -35,16 +35,42 @@ def load_example(path: Path) -> Obj:
 
 # --- a more realistic emulator ------------------------------------------------------------------
 
-def _merge(base: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(base, dict):
+def merge_patch(live: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json."""
+    if not isinstance(patch, dict):
         return copy.deepcopy(patch)
-    out = dict(base)
+    out = dict(live) if isinstance(live, dict) else {}
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
         else:
-            out[key] = _merge(base.get(key), value)
+            out[key] = merge_patch(out.get(key), value)
     return out
+
+
+def emulated_cluster(emulator: Any, tmp_path: Path, monkeypatch: Any) -> Any:
+    """kmock's emulator with the resources the operator uses, and a kubeconfig pointing at it."""
+    import kubernetes.config.kube_config
+
+    emulator.resources.load_bundled()
+    emulator.resources[CVS_RESOURCE] = kmock.ResourceInfo(
+        kind="CosyVoiceService", singular="cosyvoiceservice", namespaced=True, shortnames={"cvs"},
+        verbs={"get", "list", "watch", "create", "patch", "update", "delete"}, subresources={"status", "scale"})
+    emulator.objects["v1/namespaces", None, "default"] = {
+        "metadata": {"name": "default", "uid": "ns-default", "resourceVersion": "1"}}
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(emulator.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    # The kubernetes package reads $KUBECONFIG at import time, and prefers in-cluster credentials:
+    # never let a test reach a real cluster the CI runner happens to live in.
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(config))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return emulator
 
 
 class Emulator(kmock.KubernetesEmulator):
@@ -73,7 +99,7 @@ class Emulator(kmock.KubernetesEmulator):
                     current = self.objects[key].raw
                     meta = data.setdefault("metadata", {})
                     meta["resourceVersion"] = str(next(self._versions))
-                    spec_changed = "spec" in data and _merge(current.get("spec") or {}, data["spec"]) != (
+                    spec_changed = "spec" in data and merge_patch(current.get("spec") or {}, data["spec"]) != (
                         current.get("spec") or {})
                     if request.subresource != "status" and spec_changed:
                         meta["generation"] = int((current.get("metadata") or {}).get("generation") or 1) + 1

@@ -9,23 +9,12 @@ import pytest
 from cosyvoice_operator import apply
 from cosyvoice_operator import render as r
 from cosyvoice_operator.spec import parse_spec
-from cvs_testkit import EXAMPLES, load_example
+from cvs_testkit import EXAMPLES, load_example, merge_patch
 
 Obj = dict[str, Any]
 OWNER = r.Owner("tts", "default", "uid-1")
 
 
-def merge(live: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(live) if isinstance(live, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge(out.get(key), value)
-    return out
 
 
 def desired(spec: Obj, kind: str = "Deployment") -> Obj:
@@ -128,7 +117,7 @@ def test_patching_converges_between_any_two_specs(a: int, b: int) -> None:
     for kind in ("Deployment", "Service"):
         live = server_defaulted(desired(SPECS[a], kind))
         want = desired(SPECS[b], kind)
-        merged = merge(live, apply.merge_patch(want, live))
+        merged = merge_patch(live, apply.merge_patch(want, live))
         assert apply.contains(merged, want)
         assert apply.merge_patch(want, merged) == {}
 

@@ -11,20 +11,11 @@ from cosyvoice_operator import kube
 from cosyvoice_operator.handlers import reconcile_service
 from cosyvoice_operator.reconcile import ChildConflict, Reconciler, namespace_matches
 from cosyvoice_operator.spec import InvalidSpec
+from cvs_testkit import merge_patch
 
 Obj = dict[str, Any]
 
 
-def merge(live: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(live) if isinstance(live, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge(out.get(key), value)
-    return out
 
 
 class FakeKube:
@@ -60,7 +51,7 @@ class FakeKube:
               subresource: str | None = None) -> Obj:
         self._check("patch" if subresource is None else f"patch/{subresource}", res, name)
         key = (res.plural, namespace, name)
-        self.objects[key] = merge(self.objects[key], patch)
+        self.objects[key] = merge_patch(self.objects[key], patch)
         return self.objects[key]
 
     def delete(self, res: kube.Resource, namespace: str | None, name: str) -> bool:

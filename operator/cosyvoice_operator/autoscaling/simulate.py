@@ -34,7 +34,7 @@ import numpy as np
 
 from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, ReactiveOracle, Static
 from .policy import Metrics, Settings
-from .simconfig import POLICIES, TRACES, SimConfig, add_arguments
+from .simconfig import SimConfig, add_arguments
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
 WARMUP_S = 300
