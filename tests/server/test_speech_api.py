@@ -81,8 +81,11 @@ def test_voices_change_the_audio(server):
 def test_models_lists_the_served_model(server):
     data = httpx.get(server.url + "/v1/models").json()
     assert data["object"] == "list"
-    model_id = data["data"][0]["id"]
+    card = data["data"][0]
+    model_id = card["id"]
     assert model_id == "cosyvoice2-tiny"
+    # the fields OpenAI's SDKs parse
+    assert card["object"] == "model" and isinstance(card["created"], int) and card["owned_by"]
     assert speech(server.url, model=model_id).status_code == 200
 
 

@@ -17,7 +17,7 @@ from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from .errors import APIError, validation_message
-from .schemas import SpeechRequest, VoiceCard
+from .schemas import ModelCard, SpeechRequest, VoiceCard
 
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
@@ -52,8 +52,7 @@ def _ready(state: ServerState) -> None:
 @router.get("/models")
 async def list_models(request: Request) -> JSONResponse:
     s = state_of(request)
-    return JSONResponse({"object": "list", "data": [{"id": s.model_id, "object": "model", "created": s.created,
-                                                     "owned_by": "cosyvoice-server"}]})
+    return JSONResponse({"object": "list", "data": [ModelCard(id=s.model_id, created=s.created).model_dump()]})
 
 
 @router.get("/audio/voices")
