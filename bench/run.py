@@ -29,6 +29,7 @@ from cosyvoice_server.config import BUNDLED_MODEL
 
 from .engine_limit import Engine
 from .loadgen import Result, closed_loop, open_loop
+from .report import table
 from .peers.clients import closed_loop_peer
 from .peers.launch import PeerServer, PeerUnavailable
 
@@ -152,28 +153,6 @@ async def sweep(args: argparse.Namespace) -> dict:
         for s in servers.values():
             s.stop()
     return out
-
-
-def table(res: dict) -> str:
-    peers = [k for k in res["peers"]["kinds"] if k not in res["peers"]["unavailable"]]
-    lines = ["| concurrency | engine req/s | server req/s | server ÷ engine | unbatched req/s | batched ÷ unbatched "
-             "| p50 ms engine / server | p99 ms server / unbatched | TTFA p50 ms server | RTF server |"
-             + "".join(f" {k} req/s (p99 ms) |" for k in peers),
-             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(peers)]
-    for c, row in res["closed_loop"].items():
-        e, s, u = row["engine"], row["server"], row["server_unbatched"]
-        cells = "".join(f" {row[k]['rps']:.1f} ({row[k]['p99_ms']:.0f}) |" if "rps" in row.get(k, {}) else " n/a |" for k in peers)
-        lines.append(
-            f"| {c} | {e['rps']:.1f} | {s['rps']:.1f} | {s['rps'] / e['rps']:.2f} | {u['rps']:.1f} | {s['rps'] / u['rps']:.2f} "
-            f"| {e['p50_ms']:.1f} / {s['p50_ms']:.1f} | {s['p99_ms']:.0f} / {u['p99_ms']:.0f} | {s['ttfa_p50_ms']:.1f} | {s['rtf']:.3f} |" + cells)
-    for k, why in res["peers"]["unavailable"].items():
-        lines.append(f"\n{k} could not run here: {why}")
-    if res["open_loop"]:
-        lines += ["", "| Poisson rate (req/s) | served req/s | p50 ms | p99 ms | TTFA p95 ms | codes |", "|---|---|---|---|---|---|"]
-        for rate, s in res["open_loop"].items():
-            lines.append(f"| {rate} | {s.get('rps', 0):.1f} | {s.get('p50_ms', 0):.0f} | {s.get('p99_ms', 0):.0f} "
-                         f"| {s.get('ttfa_p95_ms') or 0:.0f} | {s['codes']} |")
-    return "\n".join(lines) + "\n"
 
 
 def plots(res: dict, out: Path) -> None:

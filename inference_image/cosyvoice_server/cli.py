@@ -8,19 +8,20 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import Settings, env_name, from_env_and_args
+from .config import Settings, env_name, flag_name, from_env_and_args
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the HTTP server", description="Every flag can also be set as the environment variable shown.")
     types = {"model_dir": Path, "api_key_file": Path}
     for name, field in Settings.model_fields.items():
-        if name == "api_key":
-            continue  # a secret belongs in the environment (COSYVOICE_API_KEY) or a file, not in argv
+        flag = flag_name(name)
+        if flag is None:
+            continue
         ann = field.annotation
         kind = types.get(name) or (int if ann in (int, int | None) else float if ann is float else str)
         choices = getattr(ann, "__args__", None) if str(ann).startswith("typing.Literal") else None
-        p.add_argument("--" + name.replace("_", "-"), type=kind, choices=choices, default=None,
+        p.add_argument(flag, type=kind, choices=choices, default=None,
                        help=f"{field.description or ''} [env {env_name(name)}; default {field.default}]")
 
 

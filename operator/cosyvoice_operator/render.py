@@ -16,6 +16,7 @@ from .constants import (
     LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_MOUNT, READY_PATH, SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME,
     TMP_MOUNT,
 )
+from .server_settings import env as setting_env
 from .spec import CosyVoiceServiceSpec
 
 Obj = dict[str, Any]
@@ -123,27 +124,28 @@ def gpu_memory_limit_bytes(spec: CosyVoiceServiceSpec) -> int | None:
 
 def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
     """The server's configuration; entries in ``spec.env`` override these by name."""
-    values: dict[str, str] = {
-        # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
-        "HOME": TMP_MOUNT,
-        "COSYVOICE_HOST": "0.0.0.0",
-        "COSYVOICE_PORT": str(SERVER_PORT),
-        "COSYVOICE_DEVICE": "cuda" if spec.gpu is not None else "cpu",
-        "COSYVOICE_PRECISION": spec.effective_precision,
-        "COSYVOICE_SERVED_MODEL_NAME": spec.served_model_name,
-        "COSYVOICE_MAX_BATCH_SIZE": str(spec.batching.max_batch_size),
-        "COSYVOICE_MAX_QUEUE_DELAY_MS": str(spec.batching.max_queue_delay_ms),
-        "COSYVOICE_MAX_QUEUE_SIZE": str(spec.batching.max_queue_size),
-        "COSYVOICE_REQUEST_TIMEOUT_S": str(spec.batching.request_timeout_seconds),
-        "COSYVOICE_DRAIN_TIMEOUT_S": str(spec.shutdown.drain_timeout_seconds),
+    batching, shutdown = spec.batching, spec.shutdown
+    settings: dict[str, object] = {
+        "host": "0.0.0.0",
+        "port": SERVER_PORT,
+        "device": "cuda" if spec.gpu is not None else "cpu",
+        "precision": spec.effective_precision,
+        "served_model_name": spec.served_model_name,
+        "max_batch_size": batching.max_batch_size,
+        "max_queue_delay_ms": f"{batching.max_queue_delay_ms:g}",
+        "max_queue_size": batching.max_queue_size,
+        "request_timeout_s": batching.request_timeout_seconds,
+        "drain_timeout_s": shutdown.drain_timeout_seconds,
     }
     if spec.storage is not None:
-        values["COSYVOICE_MODEL_DIR"] = MODEL_MOUNT
+        settings["model_dir"] = MODEL_MOUNT
     mem = gpu_memory_limit_bytes(spec)
     if mem:
-        values["COSYVOICE_GPU_MEM_LIMIT_BYTES"] = str(mem)
+        settings["gpu_mem_limit_bytes"] = mem
     if spec.api_key_secret is not None:
-        values["COSYVOICE_API_KEY_FILE"] = API_KEY_FILE
+        settings["api_key_file"] = API_KEY_FILE
+    # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
+    values = {"HOME": TMP_MOUNT, **{setting_env(name): str(value) for name, value in settings.items()}}
     env: list[Obj] = [{"name": k, "value": v} for k, v in values.items()]
     for user in spec.env:
         item = user.model_dump(by_alias=True, exclude_none=True)

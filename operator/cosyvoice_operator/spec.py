@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from . import mig
 from .constants import DEFAULT_IMAGE
+from .server_settings import cr_field
 
 QUANTITY_RE = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
@@ -168,15 +169,16 @@ class Autoscaling(_Model):
 
 # --- server configuration -----------------------------------------------------------------------
 
+# Defaults and bounds are the server's own (server_settings.CR_FIELDS); the types are checked against it.
 class Batching(_Model):
-    max_batch_size: int = Field(default=8, ge=1, le=256)
-    max_queue_delay_ms: int = Field(default=5, ge=0, le=1000)
-    max_queue_size: int = Field(default=256, ge=1, le=100000)
-    request_timeout_seconds: int = Field(default=60, ge=1, le=3600)
+    max_batch_size: int = cr_field("batching", "maxBatchSize").field()
+    max_queue_delay_ms: float = cr_field("batching", "maxQueueDelayMs").field()
+    max_queue_size: int = cr_field("batching", "maxQueueSize").field()
+    request_timeout_seconds: int = cr_field("batching", "requestTimeoutSeconds").field()
 
 
 class Shutdown(_Model):
-    drain_timeout_seconds: int = Field(default=30, ge=0, le=3600)
+    drain_timeout_seconds: int = cr_field("shutdown", "drainTimeoutSeconds").field()
     pre_stop_sleep_seconds: int = Field(default=5, ge=0, le=120)
 
 

@@ -140,7 +140,7 @@ INVALID: list[tuple[str, dict[str, Any] | None, str, str]] = [
      "fallback.replicas must not exceed", "fallback.replicas must not exceed"),
     ("prometheus-url", {**G, "autoscaling": {"prometheus": {"url": "prometheus:9090"}}}, "url", "url"),
     ("batch-size-zero", {**G, "batching": {"maxBatchSize": 0}}, "maxBatchSize", "maxBatchSize"),
-    ("queue-delay-too-long", {**G, "batching": {"maxQueueDelayMs": 5000}}, "maxQueueDelayMs", "maxQueueDelayMs"),
+    ("queue-delay-too-long", {**G, "batching": {"maxQueueDelayMs": 50000}}, "maxQueueDelayMs", "maxQueueDelayMs"),
     ("gpu-in-resources", {**G, "resources": {"limits": {"nvidia.com/gpu": 1}}},
      "remove nvidia.com/*", "remove nvidia.com/*"),
     ("quantity-malformed", {**G, "resources": {"requests": {"cpu": "lots"}}}, "cpu", "cpu"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..server_settings import default as server_default
+
 POLICIES = ("policy", "hpa", "keda", "oracle", "reactive-bound", "static")
 TRACES = ("step", "diurnal", "bursty", "poisson", "outage")
 
@@ -21,7 +23,8 @@ class SimConfig:
     min_replicas: int = 1
     max_replicas: int = 40
     base_rate: float = 12.0  # requests/s at "1×"
-    max_queue_per_replica: int = 64  # the server's --max-queue-size: beyond it, 429 (a failed request)
+    # the server's --max-queue-size: beyond it, 429 (a failed request)
+    max_queue_per_replica: int = server_default("max_queue_size")
 
 
 def add_arguments(ap: Any) -> None:

@@ -1,0 +1,92 @@
+"""Markdown from a benchmark's results.json: the tables `bench.run` prints and writes to table.md, and
+the sections of docs/benchmarks.md that ``python -m tools.sync_chart`` regenerates from the committed
+results (so the document never carries numbers its own run did not produce).
+
+Standard library only: the docs check runs without the benchmark's dependencies.
+"""
+from __future__ import annotations
+
+# The targets the server is held to; docs/benchmarks.md reports each against the latest run.
+MIN_SERVER_OVER_ENGINE = 0.9  # at concurrency >= 16
+MIN_BATCHED_OVER_UNBATCHED = 3.0  # at concurrency 32
+P50_OVERHEAD_MS, P50_OVERHEAD_FRACTION = 2.0, 0.05  # at concurrency 1, against the engine alone
+
+
+def table(res: dict) -> str:
+    peers = [k for k in res["peers"]["kinds"] if k not in res["peers"]["unavailable"]]
+    lines = ["| concurrency | engine req/s | server req/s | server ÷ engine | unbatched req/s | batched ÷ unbatched "
+             "| p50 ms engine / server | p99 ms server / unbatched | TTFA p50 ms server | RTF server |"
+             + "".join(f" {k} req/s (p99 ms) |" for k in peers),
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(peers)]
+    for c, row in res["closed_loop"].items():
+        e, s, u = row["engine"], row["server"], row["server_unbatched"]
+        cells = "".join(f" {row[k]['rps']:.1f} ({row[k]['p99_ms']:.0f}) |" if "rps" in row.get(k, {}) else " n/a |" for k in peers)
+        lines.append(
+            f"| {c} | {e['rps']:.1f} | {s['rps']:.1f} | {s['rps'] / e['rps']:.2f} | {u['rps']:.1f} | {s['rps'] / u['rps']:.2f} "
+            f"| {e['p50_ms']:.1f} / {s['p50_ms']:.1f} | {s['p99_ms']:.0f} / {u['p99_ms']:.0f} | {s['ttfa_p50_ms']:.1f} | {s['rtf']:.3f} |" + cells)
+    for k, why in res["peers"]["unavailable"].items():
+        lines.append(f"\n{k} could not run here: {why}")
+    if res["open_loop"]:
+        lines += ["", "| Poisson rate (req/s) | served req/s | p50 ms | p99 ms | TTFA p95 ms | codes |", "|---|---|---|---|---|---|"]
+        for rate, s in res["open_loop"].items():
+            lines.append(f"| {rate} | {s.get('rps', 0):.1f} | {s.get('p50_ms', 0):.0f} | {s.get('p99_ms', 0):.0f} "
+                         f"| {s.get('ttfa_p95_ms') or 0:.0f} | {s['codes']} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_line(res: dict) -> str:
+    return (f"Run on {res['date']} on {res['machine']}; device `{res['device']}`, max batch size "
+            f"{res['max_batch_size']}, max queue delay {res['max_queue_delay_ms']:g} ms, "
+            f"{'streamed' if res['stream'] else 'whole'} WAV responses, {res['duration_s']:g} s measured per point, "
+            f"text \"{res['text']}\":\n\n```sh\n{res['command']}\n```\n")
+
+
+def _ratio(row: dict, a: str, b: str) -> float | None:
+    if "rps" not in row.get(a, {}) or "rps" not in row.get(b, {}):
+        return None
+    return row[a]["rps"] / row[b]["rps"]
+
+
+def targets(res: dict) -> str:
+    """The targets table: each target, what this run measured, and whether it is met."""
+    rows = {int(c): r for c, r in res["closed_loop"].items()}
+    lines = ["| target | this run | met? |", "|---|---|---|"]
+
+    high = {c: _ratio(r, "server", "engine") for c, r in rows.items() if c >= 16}
+    high = {c: v for c, v in high.items() if v is not None}
+    if high:
+        ok = all(v >= MIN_SERVER_OVER_ENGINE for v in high.values())
+        lines.append(f"| server ≥ {MIN_SERVER_OVER_ENGINE:g} × engine limit at concurrency ≥ 16 | "
+                     + ", ".join(f"{v:.2f} (c={c})" for c, v in sorted(high.items()))
+                     + f" | {'yes' if ok else '**no**'} |")
+
+    batched = {c: _ratio(r, "server", "server_unbatched") for c, r in rows.items() if c >= 16}
+    batched = {c: v for c, v in batched.items() if v is not None}
+    if 32 in batched:
+        ok = batched[32] >= MIN_BATCHED_OVER_UNBATCHED
+        lines.append(f"| batched ≥ {MIN_BATCHED_OVER_UNBATCHED:g} × unbatched at concurrency 32 | "
+                     + ", ".join(f"{v:.2f} × (c={c})" for c, v in sorted(batched.items()))
+                     + f" | {'yes' if ok else '**no**'} |")
+
+    one = rows.get(1)
+    if one and "p50_ms" in one.get("engine", {}) and "p50_ms" in one.get("server", {}):
+        e, s = one["engine"]["p50_ms"], one["server"]["p50_ms"]
+        ok = s - e <= max(P50_OVERHEAD_MS, P50_OVERHEAD_FRACTION * e)
+        lines.append(f"| p50 at concurrency 1 within {P50_OVERHEAD_MS:g} ms or {P50_OVERHEAD_FRACTION:.0%} of the "
+                     f"engine alone | {s:.1f} vs {e:.1f} ms: +{s - e:.1f} ms, {(s - e) / e:+.1%} | "
+                     f"{'yes' if ok else '**no**'} |")
+
+    peers = [k for k in res["peers"]["kinds"] if k not in res["peers"]["unavailable"]]
+    if peers:
+        wins, points, ratios = 0, 0, []
+        for r in rows.values():
+            for k in peers:
+                if "rps" in r.get(k, {}) and "rps" in r.get("server", {}):
+                    points += 1
+                    ratios.append(r["server"]["rps"] / r[k]["rps"])
+                    wins += r["server"]["rps"] >= r[k]["rps"] and r["server"]["p99_ms"] <= r[k]["p99_ms"]
+        if points:
+            lines.append(f"| at least the peers' throughput at equal or better p99 | {wins} of {points} "
+                         f"(concurrency, peer) points; throughput {min(ratios):.1f}–{max(ratios):.1f} × the peers' | "
+                         f"{'yes' if wins == points else '**no**'} |")
+    return "\n".join(lines) + "\n"
