@@ -7,7 +7,7 @@ code, the operator's table of server settings from the server's ``Settings``, an
 * ``charts/cosyvoice-operator/files/dashboard.json``        ← ``tools.dashboard``
 * ``operator/cosyvoice_operator/server_settings.json``      ← ``cosyvoice_server.config.settings_table()``
 * README.md "Configuration" table                           ← that table
-* docs/operator.md server-settings table                    ← ``cosyvoice_operator.server_settings.CR_FIELDS``
+* docs/operator.md server-settings and MIG catalog tables   ← ``server_settings.CR_FIELDS``, ``mig.CATALOG``
 * docs/benchmarks.md results, tables and targets            ← ``docs/bench/results.json`` (``bench.report``)
 
     python -m tools.sync_chart           # write what changed, list it
@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "inference_image")]  # works before `pip install -e` too
 
-from cosyvoice_operator import permissions, server_settings  # noqa: E402
+from cosyvoice_operator import mig, permissions, server_settings  # noqa: E402
 from cosyvoice_operator.constants import MANAGER  # noqa: E402
 from cosyvoice_server.config import settings_table  # noqa: E402
 
@@ -135,7 +135,18 @@ def operator_doc() -> str:
         bounds["exclusiveMinimum" if schema.get("exclusiveMinimum") else "minimum"] = schema["minimum"]
         lines.append(f"| `spec.{'.'.join(f.path)}` | `{row['flag']}` | `{row['env']}` | {_code(schema['default'])} "
                      f"| {_range(bounds)} |")
-    return replace_block(OPERATOR_DOC.read_text(), "server-settings", "\n".join(lines) + "\n")
+    text = replace_block(OPERATOR_DOC.read_text(), "server-settings", "\n".join(lines) + "\n")
+    return replace_block(text, "mig-catalog", mig_catalog_table())
+
+
+def mig_catalog_table() -> str:
+    families: dict[tuple[mig.MigProfile, ...], list[str]] = {}
+    for family, profiles in mig.CATALOG.items():
+        families.setdefault(profiles, []).append(family)
+    lines = ["| GPU | profiles (most instances per GPU) |", "|---|---|"]
+    for profiles, names in families.items():
+        lines.append(f"| {', '.join(names)} | {', '.join(f'{p.name} ({p.max_instances})' for p in profiles)} |")
+    return "\n".join(lines) + "\n"
 
 
 def benchmarks_doc() -> str:

@@ -192,6 +192,6 @@ def request_from_spec(name: str, spec: CosyVoiceServiceSpec) -> GpuRequest | Non
     """The GPU ask of one CosyVoiceService; None for CPU-only services."""
     if spec.gpu is None:
         return None
-    return GpuRequest(resource=spec.gpu.resource, replicas=spec.replicas, node_selector=render.node_selector(spec),
+    return GpuRequest(resource=spec.gpu.resource, replicas=spec.desired_replicas, node_selector=render.node_selector(spec),
                       tolerations=tuple(render.tolerations(spec)), mig_profile=spec.gpu.mig_profile,
                       mig_strategy=spec.gpu.mig_strategy, owner=name)

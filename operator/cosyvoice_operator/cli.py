@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -29,6 +30,17 @@ def _documents(text: str) -> Iterator[dict[str, Any]]:
             yield doc
 
 
+TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def check_top_level(doc: dict[str, Any]) -> None:
+    """A misspelt ``spec`` would otherwise render the defaults without a word."""
+    for key in doc:
+        if key not in TOP_LEVEL:
+            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1, cutoff=0.6)
+            raise InvalidSpec(f"{key}: unknown field" + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
 def render_file(text: str, namespace: str = "default") -> list[dict[str, Any]]:
     """Children of every CosyVoiceService in a YAML stream; other documents are ignored.
 
@@ -43,6 +55,7 @@ def render_file(text: str, namespace: str = "default") -> list[dict[str, Any]]:
         found += 1
         name = (doc.get("metadata") or {}).get("name", "?")
         try:
+            check_top_level(doc)
             check_name(name)
             spec = parse_spec(doc.get("spec"))
         except InvalidSpec as exc:

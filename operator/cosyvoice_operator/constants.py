@@ -59,4 +59,5 @@ COND_READY: Final = "Ready"
 COND_PROGRESSING: Final = "Progressing"
 COND_DEGRADED: Final = "Degraded"
 COND_CAPACITY: Final = "CapacityAvailable"
-CONDITION_TYPES: Final = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_CAPACITY)
+COND_DEMO_MODEL: Final = "DemoModel"  # True: no spec.storage, the bundled random-weight model is served
+CONDITION_TYPES: Final = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_CAPACITY, COND_DEMO_MODEL)

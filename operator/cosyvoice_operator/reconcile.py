@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -16,7 +17,7 @@ from typing import Any
 
 from . import apply, capacity, kube, render
 from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER
-from .spec import CosyVoiceServiceSpec, InvalidSpec, check_name, parse_spec
+from .spec import CosyVoiceServiceSpec, InvalidSpec, UnknownField, check_name, parse_spec, unknown_fields
 from .status import Condition, Observed, conditions_for, invalid_conditions, parse_conditions, render_conditions, \
     status_body, transitions
 
@@ -158,6 +159,7 @@ class Reconciler:
         try:
             check_name(owner.name)
             spec = parse_spec(cr.get("spec"))
+            check_applied_manifest(cr)
             rendered = render.render(owner, spec)
             actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
         except InvalidSpec as exc:
@@ -170,8 +172,9 @@ class Reconciler:
         deployment = self.kube.get(kube.DEPLOYMENTS, owner.namespace, owner.name)
         pods = self.kube.list(kube.PODS, owner.namespace, render.selector_labels(owner.name))
         assessment = self._assess(owner, spec, cluster) if assess_capacity else None
-        observed = Observed(desired=spec.replicas, deployment=deployment, pods=pods, capacity=assessment,
-                            gpu_requested=spec.gpu is not None, max_unavailable=spec.rollout.max_unavailable)
+        observed = Observed(desired=spec.desired_replicas, deployment=deployment, pods=pods, capacity=assessment,
+                            gpu_requested=spec.gpu is not None, max_unavailable=spec.rollout.max_unavailable,
+                            demo_model=spec.storage is None)
         conditions = conditions_for(observed, previous)
         for type_, reason, message in transitions(previous, conditions):
             self.record(cr, type_, reason, message)
@@ -292,6 +295,26 @@ class Reconciler:
         if key not in self._warned:
             self._warned.add(key)
             self.record(cr, "Warning", reason, message)
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def check_applied_manifest(cr: Obj) -> None:
+    """Reject a spec whose ``kubectl apply`` manifest named fields the API server silently dropped.
+
+    A misspelt field (``maxReplica``) would otherwise leave the setting at its default with no word."""
+    raw = ((cr.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    try:
+        applied = json.loads(raw) if raw else None
+    except ValueError:
+        return
+    if not isinstance(applied, dict) or not isinstance(applied.get("spec"), dict):
+        return
+    problems = unknown_fields(applied["spec"])
+    if problems:
+        raise UnknownField(f"{problems} (the API server dropped it from the applied manifest; correct the "
+                           "manifest and apply it again)")
 
 
 def namespace_matches(namespace: str, patterns: Iterable[str]) -> bool:

@@ -330,7 +330,7 @@ def deployment(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
         "apiVersion": DEPLOYMENT[0], "kind": DEPLOYMENT[1],
         "metadata": _metadata(owner, spec),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.desired_replicas,
             "revisionHistoryLimit": 5,
             "progressDeadlineSeconds": spec.rollout.progress_deadline_seconds,
             "selector": {"matchLabels": selector_labels(owner.name)},

@@ -8,8 +8,10 @@ defaulted it.
 """
 from __future__ import annotations
 
+import difflib
 import re
-from typing import Annotated, Any, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -31,6 +33,10 @@ Precision = Literal["fp32", "fp16", "int8"]
 
 class InvalidSpec(ValueError):
     """The spec cannot be deployed as written; retrying will not help until a user edits it."""
+
+
+class UnknownField(InvalidSpec):
+    """The applied manifest named a field the CRD does not have (the API server dropped it)."""
 
 
 class _Model(BaseModel):
@@ -76,6 +82,9 @@ class Storage(_Model):
 
 # --- GPU placement ------------------------------------------------------------------------------
 
+SINGLE_MEDIA_EXTENSION = ("a media-extension (+me) MIG profile needs gpu.migStrategy mixed: the single strategy "
+                          "selects nodes by a label value, which cannot contain '+'")
+
 class Gpu(_Model):
     mig_profile: str | None = Field(default=None, pattern=mig.PROFILE_PATTERN.pattern)
     mig_strategy: mig.MigStrategy = "mixed"
@@ -91,6 +100,8 @@ class Gpu(_Model):
         if self.mig_strategy == "single" and self.product is None:
             raise ValueError("gpu.product is required with gpu.migStrategy single "
                              "(nodes are selected by nvidia.com/gpu.product=<product>-MIG-<profile>)")
+        if self.mig_strategy == "single" and self.mig_profile and self.mig_profile.endswith(mig.MEDIA_EXTENSION):
+            raise ValueError(SINGLE_MEDIA_EXTENSION)
         if self.mig_profile and self.product:
             error = mig.profile_error(self.mig_profile, self.product)
             if error:
@@ -135,6 +146,18 @@ class Fallback(_Model):
     failure_threshold: int = Field(default=3, ge=1, le=100)
 
 
+# Scale to zero is refused: while no pod runs, nothing sees the requests that should wake the service
+# (the Service has no endpoints, so they fail at once) and the autoscaler's signals are those pods'
+# metrics. A request-holding proxy (KEDA's HTTP add-on, Knative's activator) can do it from outside.
+SCALE_TO_ZERO = ("autoscaling.minReplicas must be at least 1 (scale to zero is not supported): with no pod running "
+                 "nothing receives the requests "
+                 "that would have to wake the service up (they fail at once) and there are no metrics to scale on; "
+                 "to park a service, disable autoscaling and set spec.replicas to 0")
+REPLICAS_ABOVE_MAX = ("spec.replicas must not exceed autoscaling.maxReplicas while autoscaling is enabled: "
+                      "the autoscaler owns spec.replicas within minReplicas..maxReplicas (leave spec.replicas out, "
+                      "or lower it with `kubectl scale` before lowering maxReplicas)")
+
+
 class Autoscaling(_Model):
     enabled: bool = False
     min_replicas: int = Field(default=1, ge=0, le=1000)
@@ -153,6 +176,8 @@ class Autoscaling(_Model):
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
+        if self.min_replicas < 1:
+            raise ValueError(SCALE_TO_ZERO)
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:
             raise ValueError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
         if self.enabled:
@@ -283,6 +308,24 @@ class CosyVoiceServiceSpec(_Model):
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     monitoring: Monitoring = Field(default_factory=Monitoring)
 
+    @model_validator(mode="after")
+    def _replicas_within_autoscaling_bounds(self) -> CosyVoiceServiceSpec:
+        auto = self.autoscaling
+        if auto is not None and auto.enabled and auto.max_replicas is not None and self.replicas > auto.max_replicas:
+            raise ValueError(REPLICAS_ABOVE_MAX)
+        return self
+
+    @property
+    def desired_replicas(self) -> int:
+        """The replicas to run: spec.replicas, raised to autoscaling.minReplicas while autoscaling is enabled.
+
+        spec.replicas defaults to 1, so a service created with minReplicas 3 and no replicas starts at 3
+        at once instead of waiting for the autoscaler's first evaluation."""
+        auto = self.autoscaling
+        if auto is not None and auto.enabled:
+            return max(self.replicas, auto.min_replicas)
+        return self.replicas
+
     @property
     def effective_precision(self) -> Precision:
         """fp16 on a GPU, fp32 on CPU unless set: fp16 only pays off where fp16 math is faster."""
@@ -303,12 +346,55 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return ".".join(["spec", *parts])
 
 
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]`` or ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, types.UnionType, list, dict, Annotated):
+        for arg in get_args(annotation):
+            if (found := _model_of(arg)) is not None:
+                return found
+    return None
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The camelCase field names valid at ``loc`` (a path below spec), [] where free-form."""
+    model: type[BaseModel] | None = CosyVoiceServiceSpec
+    for item in loc:
+        if isinstance(item, int) or model is None:
+            continue
+        field = next((f for n, f in model.model_fields.items() if item in (n, f.alias)), None)
+        model = _model_of(field.annotation) if field is not None else None
+    if model is None:
+        return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def suggest_field(name: str, loc: tuple[int | str, ...]) -> str | None:
+    """The valid field a misspelt ``name`` most likely meant (difflib; case and ``_`` ignored first)."""
+    valid = _fields_at(loc)
+    folded = {v.lower(): v for v in valid}
+    key = name.replace("_", "").replace("-", "").lower()
+    if key in folded:
+        return folded[key]
+    close = difflib.get_close_matches(key, list(folded), n=1, cutoff=0.6)
+    return folded[close[0]] if close else None
+
+
+def _unknown_field_message(loc: tuple[int | str, ...]) -> str:
+    *parent, name = loc
+    hint = suggest_field(str(name), tuple(parent))
+    return f"unknown field; did you mean {hint!r}?" if hint else "unknown field"
+
+
 def format_errors(exc: ValidationError) -> str:
     """One clause per field, with the camelCase path a user sees in their YAML."""
     by_path: dict[str, list[str]] = {}
     for err in exc.errors():
         msg = str(err["msg"]).removeprefix("Value error, ")
         loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith(("function-", "constrained-"))))
+        if err["type"] == "extra_forbidden":
+            msg = _unknown_field_message(loc)
         messages = by_path.setdefault(_location(loc), [])
         if msg not in messages:
             messages.append(msg)
@@ -320,6 +406,22 @@ def parse_spec(raw: dict[str, Any] | None) -> CosyVoiceServiceSpec:
         return CosyVoiceServiceSpec.model_validate(raw or {})
     except ValidationError as exc:
         raise InvalidSpec(format_errors(exc)) from None
+
+
+def unknown_fields(raw: dict[str, Any] | None) -> str | None:
+    """Only the unknown-field errors of a spec (with suggestions), None when it names no unknown field.
+
+    The API server prunes fields its schema lacks, so a typo in a manifest never reaches the operator in
+    the stored object; ``kubectl apply`` keeps the manifest as written in its last-applied annotation,
+    which is where the reconciler looks for them."""
+    try:
+        CosyVoiceServiceSpec.model_validate(raw or {})
+    except ValidationError as exc:
+        found = [e for e in exc.errors() if e["type"] == "extra_forbidden"]
+        if found:
+            return "; ".join(f"{_location(tuple(e['loc']))}: {_unknown_field_message(tuple(e['loc']))}"
+                             for e in found)
+    return None
 
 
 def check_name(name: str) -> None:

@@ -11,7 +11,7 @@ from datetime import datetime, UTC
 from typing import Any
 
 from .capacity import Assessment
-from .constants import COND_CAPACITY, COND_DEGRADED, COND_PROGRESSING, COND_READY, CONDITION_TYPES
+from .constants import COND_CAPACITY, COND_DEGRADED, COND_DEMO_MODEL, COND_PROGRESSING, COND_READY, CONDITION_TYPES
 from .render import FETCH_CONTAINER_NAME
 
 Obj = dict[str, Any]
@@ -20,8 +20,11 @@ Obj = dict[str, Any]
 _PROBLEM_ORDER = ("Unschedulable", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ModelFetchFailed",
                   "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff",
                   "OOMKilled", "Evicted")
-INVALID_REASONS = frozenset({"InvalidSpec", "ChildConflict"})
+INVALID_REASONS = frozenset({"InvalidSpec", "UnknownField", "ChildConflict"})
 _BAD_WAITING = frozenset(_PROBLEM_ORDER) - {"Unschedulable", "ModelFetchFailed", "OOMKilled", "Evicted"}
+DEMO_MODEL_MESSAGE = ("no spec.storage: the pods serve the image's bundled demo model, whose random weights make "
+                      "noise rather than speech (for smoke tests); set spec.storage.pvc or spec.storage.storageUri "
+                      "to serve CosyVoice2")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Observed:
     capacity: Assessment | None  # None: not assessed this time, keep the previous condition
     gpu_requested: bool
     max_unavailable: int | str = 1
+    demo_model: bool = False  # no spec.storage: the image's bundled random-weight model is served
 
 
 def now_iso() -> str:
@@ -193,7 +197,16 @@ def conditions_for(observed: Observed, previous: dict[str, Condition]) -> list[C
         ready_c = Condition(COND_READY, "False", "WaitingForReplicas",
                             f"{ready}/{desired} replicas ready (a server turns ready once its model is loaded "
                             "and warmed up)")
-    return [ready_c, progressing, degraded, capacity]
+    return [ready_c, progressing, degraded, capacity, demo_model_condition(observed)]
+
+
+def demo_model_condition(observed: Observed) -> Condition:
+    if not observed.demo_model:
+        return Condition(COND_DEMO_MODEL, "False", "ModelFromStorage", "the model comes from spec.storage")
+    # On a GPU it holds an accelerator for a model that cannot speak: worth a warning, not a rejection
+    # (a storage-less CR is how a new GPU node pool, MIG layout or driver is smoke-tested).
+    reason = "BundledDemoModelOnGPU" if observed.gpu_requested else "BundledDemoModel"
+    return Condition(COND_DEMO_MODEL, "True", reason, DEMO_MODEL_MESSAGE)
 
 
 def invalid_conditions(message: str, previous: dict[str, Condition], reason: str = "InvalidSpec") -> list[Condition]:
@@ -249,6 +262,8 @@ def transitions(previous: dict[str, Condition], current: list[Condition]) -> lis
             events.append(("Warning", cond.reason, cond.message))
         elif cond.type == COND_CAPACITY and cond.status == "True" and old is not None and old.status == "False":
             events.append(("Normal", "CapacityAvailable", cond.message))
+        elif cond.type == COND_DEMO_MODEL and cond.status == "True":
+            events.append(("Warning" if cond.reason == "BundledDemoModelOnGPU" else "Normal", cond.reason, cond.message))
     return events
 
 

@@ -124,20 +124,46 @@ def test_tolerations_follow_kubernetes_matching() -> None:
     ("NVIDIA-A100-SXM4-80GB", "A100-80GB"), ("NVIDIA-A100-80GB-PCIe", "A100-80GB"),
     ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "A100-40GB"), ("NVIDIA-H100-80GB-HBM3", "H100-80GB"),
     ("NVIDIA-H100-PCIe", "H100-80GB"), ("NVIDIA-H100-96GB-HBM3", "H100-96GB"), ("NVIDIA-GH200-480GB", "H100-96GB"),
-    ("NVIDIA-H200", "H200-141GB"), ("H200-141GB", "H200-141GB"), ("NVIDIA-H100-NVL", None), ("NVIDIA-L4", None),
-    ("Tesla-T4", None),
+    ("NVIDIA-H200", "H200-141GB"), ("H200-141GB", "H200-141GB"), ("NVIDIA-H200-NVL", "H200-141GB"),
+    ("NVIDIA-H100-NVL", "H100-94GB"), ("NVIDIA-A30", "A30-24GB"), ("NVIDIA-A30-MIG-1g.6gb", "A30-24GB"),
+    ("NVIDIA-B200", "B200-180GB"), ("NVIDIA-GB200", "GB200-189GB"),
+    ("NVIDIA-A40", None), ("NVIDIA-L4", None), ("Tesla-T4", None),
 ])
 def test_gpu_products_map_to_catalog_families(label: str, family: str | None) -> None:
     assert mig.gpu_family(label) == family
 
 
+def _catalog(family: str) -> list[tuple[str, int]]:
+    return [(p.name, p.max_instances) for p in mig.CATALOG[family]]
+
+
 def test_catalog_matches_the_mig_user_guide() -> None:
-    assert {f: len(p) for f, p in mig.CATALOG.items()} == {f: 6 for f in mig.CATALOG}
-    assert [(p.name, p.max_instances) for p in mig.CATALOG["A100-40GB"]] == [
-        ("1g.5gb", 7), ("1g.10gb", 4), ("2g.10gb", 3), ("3g.20gb", 2), ("4g.20gb", 1), ("7g.40gb", 1)]
-    assert mig.valid_profiles("H200-141GB") == ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+    """Profiles and per-GPU instance counts as NVIDIA's MIG user guide and mig-parted list them."""
+    assert _catalog("A30-24GB") == [("1g.6gb", 4), ("1g.6gb+me", 1), ("2g.12gb", 2), ("2g.12gb+me", 1),
+                                    ("4g.24gb", 1)]
+    assert _catalog("A100-40GB") == [("1g.5gb", 7), ("1g.5gb+me", 1), ("1g.10gb", 4), ("2g.10gb", 3),
+                                     ("3g.20gb", 2), ("4g.20gb", 1), ("7g.40gb", 1)]
     assert mig.CATALOG["A100-80GB"] == mig.CATALOG["H100-80GB"]
-    assert all(p.memory_gb > 0 and 1 <= p.compute_slices <= 7 for ps in mig.CATALOG.values() for p in ps)
+    assert mig.valid_profiles("H100-94GB") == ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb",
+                                               "7g.94gb"]
+    assert mig.valid_profiles("H200-141GB") == ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb",
+                                                "4g.71gb", "7g.141gb"]
+    assert _catalog("B200-180GB")[:2] == [("1g.23gb", 7), ("1g.23gb+me", 1)]
+    assert mig.valid_profiles("GB200-189GB")[-1] == "7g.189gb"
+    for profiles in mig.CATALOG.values():
+        assert all(p.memory_gb > 0 and 1 <= p.compute_slices <= 7 for p in profiles)
+        # one media-extension slice per GPU, and only of a profile that also exists without it
+        media = [p for p in profiles if p.name.endswith("+me")]
+        assert all(p.max_instances == 1 and p.name.removesuffix("+me") in [q.name for q in profiles] for p in media)
+        # the whole-GPU profile is the largest, one instance
+        assert profiles[-1].compute_slices in (4, 7) and profiles[-1].max_instances == 1
+
+
+def test_media_extension_profiles_are_requested_by_the_device_plugins_resource_name() -> None:
+    assert mig.resource_name("mixed", "1g.10gb+me") == "nvidia.com/mig-1g.10gb.me"
+    assert mig.profile_memory_gb("1g.10gb+me") == 10
+    assert mig.profile_error("1g.10gb+me", "NVIDIA-H100-80GB-HBM3") is None
+    assert "valid profiles: 1g.6gb, 1g.6gb+me" in mig.profile_error("1g.10gb+me", "NVIDIA-A30")
 
 
 def test_profile_errors_and_resource_names() -> None:
@@ -145,7 +171,7 @@ def test_profile_errors_and_resource_names() -> None:
     assert mig.profile_error("1g.12gb", "NVIDIA-L4") is None  # unknown product: not guessed
     assert mig.profile_error("1g.20gb", "NVIDIA-A100-SXM4-40GB") == (
         "MIG profile 1g.20gb does not exist on A100-40GB (NVIDIA-A100-SXM4-40GB); "
-        "valid profiles: 1g.5gb, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb")
+        "valid profiles: 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb")
     assert mig.resource_name("mixed", "2g.20gb") == "nvidia.com/mig-2g.20gb"
     assert mig.resource_name("single", "2g.20gb") == mig.resource_name("none", None) == "nvidia.com/gpu"
     assert mig.single_strategy_product_label("NVIDIA-A100-SXM4-40GB", "3g.20gb") == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"

@@ -184,7 +184,7 @@ def test_a_profile_impossible_on_the_named_gpu_passes_the_schema_but_not_the_ope
     verdict = operator_verdict(cr)
     assert verdict is not None
     assert "1g.5gb does not exist on H100-80GB" in verdict
-    assert "valid profiles: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb" in verdict
+    assert "valid profiles: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb" in verdict
 
 
 def test_the_admission_helper_catches_mutations_of_the_crd(crd: dict[str, Any]) -> None:

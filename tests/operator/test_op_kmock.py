@@ -6,6 +6,7 @@ and the API requests the operator made (for idempotence: no duplicate creates, n
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import kmock
@@ -210,7 +211,7 @@ async def test_invalid_spec_is_reported_once_without_a_retry_storm(cluster: Any)
         await create(cluster, cvs(gpu={"migProfile": "1g.20gb", "product": "NVIDIA-A100-SXM4-40GB"}))
         await eventually(lambda: condition(cluster, "Ready")["reason"] == "InvalidSpec")
         message = condition(cluster, "Ready")["message"]
-        assert "1g.20gb does not exist on A100-40GB" in message and "valid profiles: 1g.5gb, 1g.10gb" in message
+        assert "1g.20gb does not exist on A100-40GB" in message and "valid profiles: 1g.5gb, 1g.5gb+me, 1g.10gb" in message
         assert condition(cluster, "Degraded")["status"] == "True"
         await asyncio.sleep(2)
         assert live(cluster, DEPLOYMENTS) is None
@@ -283,3 +284,42 @@ def test_events_outside_handlers_are_written_directly() -> None:
     ev = posted[0]
     assert (ev["reason"], ev["type"], ev["involvedObject"]["name"], ev["involvedObject"]["uid"]) == (
         "Recreated", "Normal", "tts", "u-1")
+
+
+async def test_a_gpu_serving_the_bundled_demo_model_is_told_so(cluster: Any) -> None:
+    async with run_operator():
+        await create(cluster, cvs(gpu={"migProfile": "1g.10gb"}))
+        await eventually(lambda: condition(cluster, "DemoModel")["status"] == "True")
+        demo = condition(cluster, "DemoModel")
+        assert demo["reason"] == "BundledDemoModelOnGPU" and "random weights" in demo["message"]
+
+        def warnings() -> list[Obj]:
+            return [r.data for r in requests(cluster, "POST", f"/api/v1/namespaces/{NS}/events")
+                    if r.data["reason"] == "BundledDemoModelOnGPU"]
+
+        await eventually(lambda: len(warnings()) == 1)  # kopf posts events asynchronously
+        assert warnings()[0]["type"] == "Warning"
+        assert live(cluster, DEPLOYMENTS) is not None  # served, not refused
+
+        await patch(cluster, CVS_PATH.format(ns=NS) + "/tts", {"spec": {"storage": {"pvc": {"claimName": "cv2"}}}})
+        await eventually(lambda: condition(cluster, "DemoModel")["reason"] == "ModelFromStorage")
+
+
+async def test_a_typo_dropped_from_the_applied_manifest_is_reported_with_the_field_it_meant(cluster: Any) -> None:
+    body = cvs(autoscaling={"enabled": True, "maxReplicas": 4, "targetQPSPerReplica": 2.0})
+    applied = cvs(autoscaling={"enabled": True, "maxReplicas": 4, "targetQPSPerReplica": 2.0, "minReplica": 2})
+    body["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(applied)}
+    async with run_operator():
+        await create(cluster, body)
+        await eventually(lambda: condition(cluster, "Ready")["reason"] == "UnknownField")
+        message = condition(cluster, "Ready")["message"]
+        assert "spec.autoscaling.minReplica: unknown field; did you mean 'minReplicas'?" in message
+        assert live(cluster, DEPLOYMENTS) is None
+
+
+async def test_an_autoscaled_service_without_replicas_starts_at_min_replicas(cluster: Any) -> None:
+    async with run_operator():
+        await create(cluster, cvs(replicas=1, autoscaling={"enabled": True, "minReplicas": 3, "maxReplicas": 6,
+                                                           "targetQPSPerReplica": 2.0}))
+        await eventually(lambda: live(cluster, DEPLOYMENTS) is not None)
+        assert live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 3

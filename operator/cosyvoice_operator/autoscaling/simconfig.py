@@ -1,10 +1,12 @@
 """The simulator's parameters and command-line flags (no numpy here: ``cosyvoice-operator --help`` stays fast)."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 
 from ..server_settings import default as server_default
+from ..spec import SCALE_TO_ZERO
 
 POLICIES = ("policy", "hpa", "keda", "oracle", "reactive-bound", "static")
 TRACES = ("step", "diurnal", "bursty", "poisson", "outage")
@@ -26,6 +28,17 @@ class SimConfig:
     # the server's --max-queue-size: beyond it, 429 (a failed request)
     max_queue_per_replica: int = server_default("max_queue_size")
 
+    def __post_init__(self) -> None:
+        if self.min_replicas < 1:  # the same rule as the CRD: no wake-up path exists at zero
+            raise ValueError(SCALE_TO_ZERO)
+
+
+def _min_replicas(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(SCALE_TO_ZERO)
+    return value
+
 
 def add_arguments(ap: Any) -> None:
     d = SimConfig()
@@ -36,6 +49,7 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--jobs", type=int, default=1, help="processes")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")
     for f in SimConfig.__dataclass_fields__.values():
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)), default=getattr(d, f.name))
+        kind = _min_replicas if f.name == "min_replicas" else type(getattr(d, f.name))
+        ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name))
 
 
