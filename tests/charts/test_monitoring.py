@@ -6,10 +6,12 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from chartkit import ROOT, Obj, of_kind, promtool, promtool_check_rules
+import kubernetes_validate
+from chartkit import K8S_VERSION, OPERATOR_CHART, ROOT, Obj, of_kind, promtool, promtool_check_rules
 
 from tools import dashboard as dashboard_code
 
@@ -208,3 +210,30 @@ def test_kube_state_metrics_config_reads_fields_the_crd_has(monitoring: list[Obj
         target = walk(root, each["path"])
         for sub in each.get("labelsFromPath", {}).values():
             walk(target, sub)
+
+
+def test_kube_state_metrics_option_binds_its_role_to_kube_state_metrics(rendered: dict[str, list[Obj]],
+                                                                       helm: Any) -> None:
+    """The ConfigMap alone exports nothing: kube-state-metrics must also be allowed to list the CRs."""
+    docs = rendered["monitoring-with-api"]
+    (role,) = [r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"].endswith("-kube-state-metrics")]
+    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding")
+                  if b["metadata"]["name"].endswith("-kube-state-metrics")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kps-kube-state-metrics",
+                                    "namespace": "monitoring"}]
+    assert {"list", "watch"} <= {v for rule in role["rules"] if "cosyvoiceservices" in rule["resources"]
+                                 for v in rule["verbs"]}
+
+    # The ServiceAccount's namespace defaults to the ConfigMap's (kube-state-metrics' own).
+    docs = helm.render(OPERATOR_CHART, {"monitoring": {"kubeStateMetrics": {
+        "enabled": True, "namespace": "observability", "serviceAccount": {"name": "kube-state-metrics"}}}})
+    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-kube-state-metrics")]
+    assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": "kube-state-metrics",
+                                      "namespace": "observability"}
+    assert kubernetes_validate.validate(binding, K8S_VERSION, strict=True) == K8S_VERSION
+
+    # Enabled without saying whom to bind: a clear error, not a ClusterRole nobody holds.
+    done = helm.template(OPERATOR_CHART, {"monitoring": {"kubeStateMetrics": {"enabled": True}}}, check=False)
+    assert done.returncode != 0 and "monitoring.kubeStateMetrics.serviceAccount.name is required" in done.stderr

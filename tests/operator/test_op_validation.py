@@ -17,6 +17,7 @@ from cosyvoice_operator.render import Owner, render
 from cosyvoice_operator.spec import InvalidSpec, UnknownField, parse_spec
 from cosyvoice_operator.status import Observed, conditions_for, transitions
 from cvs_crdschema import admit
+from cvs_testkit import EXAMPLES, load_example
 
 AUTO = {"enabled": True, "minReplicas": 2, "maxReplicas": 12, "targetQPSPerReplica": 2.5}
 GPU = {"migProfile": "1g.10gb"}
@@ -169,3 +170,10 @@ def test_a_storage_less_service_on_a_gpu_says_it_serves_the_demo_model() -> None
     cond, events = _demo_condition(gpu=True, demo=False)
     assert (cond.status, cond.reason) == ("False", "ModelFromStorage")
     assert not [e for e in events if e[1].startswith("BundledDemoModel")]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_leave_replicas_to_the_autoscaler(path: Path) -> None:
+    spec = load_example(path)["spec"]
+    if (spec.get("autoscaling") or {}).get("enabled"):
+        assert "replicas" not in spec, "the autoscaler owns spec.replicas: a value here fights it on every apply"
