@@ -63,7 +63,8 @@ bench: install-test
 	bash bench/peers/setup.sh
 	$(PY) -m bench.run
 
-# Regenerates the chart's CRD copy, RBAC rules and dashboard from their sources.
+# Regenerates every derived file from its source (chart CRD copy, RBAC rules, dashboard, the server-settings
+# table the operator ships, the README and docs tables); `python -m tools.sync_chart --check` lists stale ones.
 sync-chart: install
 	$(PY) -m tools.sync_chart
 

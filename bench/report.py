@@ -30,8 +30,13 @@ def table(res: dict) -> str:
         lines += ["", "| Poisson rate (req/s) | served req/s | p50 ms | p99 ms | TTFA p95 ms | codes |", "|---|---|---|---|---|---|"]
         for rate, s in res["open_loop"].items():
             lines.append(f"| {rate} | {s.get('rps', 0):.1f} | {s.get('p50_ms', 0):.0f} | {s.get('p99_ms', 0):.0f} "
-                         f"| {s.get('ttfa_p95_ms') or 0:.0f} | {s['codes']} |")
+                         f"| {s.get('ttfa_p95_ms') or 0:.0f} | {_codes(s['codes'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _codes(codes: dict) -> str:
+    """HTTP status counts, e.g. ``200 × 36, 429 × 2``."""
+    return ", ".join(f"{code} × {n}" for code, n in sorted(codes.items()))
 
 
 def run_line(res: dict) -> str:

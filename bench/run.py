@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from cosyvoice_server.config import BUNDLED_MODEL
+from cosyvoice_server.config import BUNDLED_MODEL, Settings
 
 from .engine_limit import Engine
 from .loadgen import Result, closed_loop, open_loop
@@ -33,6 +33,7 @@ from .report import table
 from .peers.clients import closed_loop_peer
 from .peers.launch import PeerServer, PeerUnavailable
 
+SERVER_DEFAULTS = Settings.model_fields  # the server's own defaults are the benchmark's
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
 
 
@@ -202,8 +203,9 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     ap.add_argument("--rates", default="", help="comma-separated Poisson rates (req/s) for the open-loop test")
     ap.add_argument("--duration", type=float, default=5.0, help="measured seconds per point (after 1 s warm-up)")
-    ap.add_argument("--max-batch-size", type=int, default=16)
-    ap.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="batching delay, the same for our server and the peers")
+    ap.add_argument("--max-batch-size", type=int, default=SERVER_DEFAULTS["max_batch_size"].default)
+    ap.add_argument("--max-queue-delay-ms", type=float, default=SERVER_DEFAULTS["max_queue_delay_ms"].default,
+                    help="batching delay, the same for our server and the peers")
     ap.add_argument("--peers", default="litserve,pytriton", help="peer servers (install: bash bench/peers/setup.sh); '' for none")
     ap.add_argument("--no-stream", dest="stream", action="store_false", help="whole responses instead of streams")
     ap.add_argument("--text", default=TEXT)

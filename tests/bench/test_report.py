@@ -1,0 +1,46 @@
+"""docs/benchmarks.md's tables come from a run's results.json through bench/report.py: the verdicts
+it prints must follow the numbers, not a pasted sentence."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def point(rps: float, p50: float = 100.0, p99: float = 200.0) -> dict[str, Any]:
+    return {"rps": rps, "p50_ms": p50, "p99_ms": p99, "ttfa_p50_ms": 10.0, "rtf": 0.1, "codes": {"200": 10}}
+
+
+def results(server_16: float, unbatched_32: float, server_p50_1: float, peer_rps: float) -> dict[str, Any]:
+    rows = {}
+    for c in (1, 16, 32):
+        rows[str(c)] = {"engine": point(10.0, p50=100.0), "server": point(9.5 if c != 16 else server_16,
+                                                                         p50=server_p50_1 if c == 1 else 100.0),
+                        "server_unbatched": point(unbatched_32 if c == 32 else 3.0),
+                        "litserve": point(peer_rps, p99=300.0)}
+    return {"closed_loop": rows, "open_loop": {"5.0": {**point(4.9), "codes": {"200": 40, "429": 2}}},
+            "peers": {"kinds": ["litserve"], "unavailable": {}}}
+
+
+def verdicts(res: dict[str, Any]) -> list[str]:
+    return [line.rsplit("|", 2)[-2].strip() for line in report.targets(res).splitlines()[2:]]
+
+
+def test_targets_are_judged_from_the_numbers() -> None:
+    assert verdicts(results(server_16=9.5, unbatched_32=3.0, server_p50_1=104.0, peer_rps=5.0)) == ["yes"] * 4
+    assert verdicts(results(server_16=8.5, unbatched_32=3.5, server_p50_1=107.0, peer_rps=12.0)) == ["**no**"] * 4
+
+
+def test_tables_show_status_codes_readably() -> None:
+    table = report.table(results(9.5, 3.0, 101.0, 5.0))
+    assert "| 200 × 40, 429 × 2 |" in table and "{" not in table
+
+
+def test_committed_results_render() -> None:
+    res = json.loads((ROOT / "docs" / "bench" / "results.json").read_text())
+    assert res["command"] in report.run_line(res)
+    assert report.targets(res).count("\n") == 2 + 4
