@@ -105,7 +105,8 @@ def _code(value: object) -> str:
 def _range(row: dict) -> str:
     if "choices" in row:
         return ", ".join(_code(c) for c in row["choices"])
-    low = f"{row['minimum']:g} ≤" if "minimum" in row else f"{row['exclusiveMinimum']:g} <" if "exclusiveMinimum" in row else ""
+    low = (f"{row['minimum']:g} ≤" if "minimum" in row
+           else f"{row['exclusiveMinimum']:g} <" if "exclusiveMinimum" in row else "")
     high = f"≤ {row['maximum']:g}" if "maximum" in row else ""
     return f"{low} x {high}".strip() if low or high else ""
 

@@ -85,6 +85,7 @@ class Storage(_Model):
 SINGLE_MEDIA_EXTENSION = ("a media-extension (+me) MIG profile needs gpu.migStrategy mixed: the single strategy "
                           "selects nodes by a label value, which cannot contain '+'")
 
+
 class Gpu(_Model):
     mig_profile: str | None = Field(default=None, pattern=mig.PROFILE_PATTERN.pattern)
     mig_strategy: mig.MigStrategy = "mixed"
@@ -149,10 +150,10 @@ class Fallback(_Model):
 # Scale to zero is refused: while no pod runs, nothing sees the requests that should wake the service
 # (the Service has no endpoints, so they fail at once) and the autoscaler's signals are those pods'
 # metrics. A request-holding proxy (KEDA's HTTP add-on, Knative's activator) can do it from outside.
-SCALE_TO_ZERO = ("autoscaling.minReplicas must be at least 1 (scale to zero is not supported): with no pod running "
-                 "nothing receives the requests "
-                 "that would have to wake the service up (they fail at once) and there are no metrics to scale on; "
-                 "to park a service, disable autoscaling and set spec.replicas to 0")
+SCALE_TO_ZERO = ("autoscaling.minReplicas must be at least 1 (scale to zero is not supported): with no pod "
+                 "running nothing receives the requests that would have to wake the service up (they fail at "
+                 "once) and there are no metrics to scale on; to park a service, disable autoscaling and set "
+                 "spec.replicas to 0")
 REPLICAS_ABOVE_MAX = ("spec.replicas must not exceed autoscaling.maxReplicas while autoscaling is enabled: "
                       "the autoscaler owns spec.replicas within minReplicas..maxReplicas (leave spec.replicas out, "
                       "or lower it with `kubectl scale` before lowering maxReplicas)")

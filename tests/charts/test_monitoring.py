@@ -229,7 +229,8 @@ def test_kube_state_metrics_option_binds_its_role_to_kube_state_metrics(rendered
     # The ServiceAccount's namespace defaults to the ConfigMap's (kube-state-metrics' own).
     docs = helm.render(OPERATOR_CHART, {"monitoring": {"kubeStateMetrics": {
         "enabled": True, "namespace": "observability", "serviceAccount": {"name": "kube-state-metrics"}}}})
-    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-kube-state-metrics")]
+    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding")
+                  if b["metadata"]["name"].endswith("-kube-state-metrics")]
     assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": "kube-state-metrics",
                                       "namespace": "observability"}
     assert kubernetes_validate.validate(binding, K8S_VERSION, strict=True) == K8S_VERSION
