@@ -324,3 +324,13 @@ async def test_an_autoscaled_service_without_replicas_starts_at_min_replicas(clu
                                                            "targetQPSPerReplica": 2.0}))
         await eventually(lambda: live(cluster, DEPLOYMENTS) is not None)
         assert live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 3
+
+
+async def test_replicas_above_max_replicas_that_reach_the_operator_are_refused(cluster: Any) -> None:
+    """The CRD's rule refuses this at admission; a cluster with an older CRD lets it through to the operator."""
+    async with run_operator():
+        await create(cluster, cvs(replicas=20, autoscaling={"enabled": True, "maxReplicas": 12,
+                                                            "targetQPSPerReplica": 2.0}))
+        await eventually(lambda: condition(cluster, "Ready")["reason"] == "InvalidSpec")
+        assert "spec.replicas must not exceed autoscaling.maxReplicas" in condition(cluster, "Ready")["message"]
+        assert live(cluster, DEPLOYMENTS) is None  # nothing renders 20
