@@ -402,9 +402,14 @@ def format_errors(exc: ValidationError) -> str:
     return "; ".join(f"{path}: {' or '.join(msgs)}" for path, msgs in by_path.items())
 
 
+def _validate(raw: dict[str, Any] | None) -> CosyVoiceServiceSpec:
+    # Field names as the CRD spells them only: `max_replicas` is as unknown to the API server as a typo.
+    return CosyVoiceServiceSpec.model_validate(raw or {}, by_alias=True, by_name=False)
+
+
 def parse_spec(raw: dict[str, Any] | None) -> CosyVoiceServiceSpec:
     try:
-        return CosyVoiceServiceSpec.model_validate(raw or {})
+        return _validate(raw)
     except ValidationError as exc:
         raise InvalidSpec(format_errors(exc)) from None
 
@@ -416,7 +421,7 @@ def unknown_fields(raw: dict[str, Any] | None) -> str | None:
     the stored object; ``kubectl apply`` keeps the manifest as written in its last-applied annotation,
     which is where the reconciler looks for them."""
     try:
-        CosyVoiceServiceSpec.model_validate(raw or {})
+        _validate(raw)
     except ValidationError as exc:
         found = [e for e in exc.errors() if e["type"] == "extra_forbidden"]
         if found:

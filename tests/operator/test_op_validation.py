@@ -113,6 +113,7 @@ def test_media_extension_profile_needs_the_mixed_strategy(crd: dict[str, Any]) -
     ({"replica": 2}, "spec.replica: unknown field; did you mean 'replicas'?"),
     ({"autoscaling": {"maxReplica": 3}}, "spec.autoscaling.maxReplica: unknown field; did you mean 'maxReplicas'?"),
     ({"batching": {"maxbatchsize": 8}}, "spec.batching.maxbatchsize: unknown field; did you mean 'maxBatchSize'?"),
+    ({"autoscaling": {"max_replicas": 3}}, "spec.autoscaling.max_replicas: unknown field; did you mean 'maxReplicas'?"),
     ({"gpu": {"migprofile": "1g.10gb"}}, "did you mean 'migProfile'?"),
     ({"tolerations": [{"keyy": "a"}]}, "spec.tolerations[0].keyy: unknown field; did you mean 'key'?"),
     ({"zzzz": 1}, "spec.zzzz: unknown field"),
