@@ -19,7 +19,7 @@ $(VENV)/bin/python:
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): $(VENV)/bin/python inference_image/pyproject.toml operator/pyproject.toml
-	$(PIP) install -q -e ./inference_image -e ./operator
+	$(PIP) install -q -e './inference_image[cpu]' -e ./operator
 	touch $@
 
 install: $(STAMP)

@@ -37,13 +37,13 @@ sys.exit(1 if changed else 0)'
 # A venv for one peer: its packages plus our pipeline (editable), reinstalled only when the spec changes.
 venv_with() {
   local name="$1"; shift
-  local dir="$VENVS/$name" spec="$* -e $ROOT/inference_image $(cksum < "$ROOT/inference_image/pyproject.toml")"
+  local dir="$VENVS/$name" spec="$* -e $ROOT/inference_image[cpu] $(cksum < "$ROOT/inference_image/pyproject.toml")"
   if [ -f "$dir/.installed" ] && [ "$(cat "$dir/.installed")" = "$spec" ]; then
     echo "$name: $dir up to date"; return
   fi
   [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip
-  "$dir/bin/python" -m pip install -q "$@" -e "$ROOT/inference_image"
+  "$dir/bin/python" -m pip install -q "$@" -e "$ROOT/inference_image[cpu]"
   echo "$spec" > "$dir/.installed"
   echo "$name: installed into $dir"
 }

@@ -1,26 +1,45 @@
-"""Audio encoding for the speech API: whole files and incremental streams.
+"""Audio encoding for the speech API: whole files and incremental streams, for every response format.
 
-`pcm` is 16-bit little-endian mono with no header (OpenAI's definition, at the model's 24 kHz). A
-streamed `wav` starts with a header whose RIFF and data sizes are 0xFFFFFFFF, since the length is
-unknown until the end; players and decoders treat that as "until end of stream".
+`pcm` is 16-bit little-endian mono with no header (OpenAI's definition, at the model's 24 kHz), and
+`wav` is that behind a RIFF header, both written here. The compressed formats use FFmpeg's encoders
+and muxers through PyAV (its wheels bundle FFmpeg with LAME, libopus, the native AAC and FLAC
+encoders): mp3, aac as ADTS frames, opus in Ogg, flac. A stream is muxed into a sink that cannot
+seek, so each container writes only what needs no going back: a streamed `wav` header carries
+0xFFFFFFFF sizes ("until end of stream"), a streamed FLAC header leaves the total sample count 0
+("unknown", as the FLAC format allows), an MP3 stream has no Xing/LAME header. A whole file is
+muxed into a seekable buffer, so its headers are complete.
 """
 
 from __future__ import annotations
 
 import io
 import struct
+from dataclasses import dataclass, field
+
+import av
 import numpy as np
 import soundfile as sf
 
-# format name -> (libsndfile container, subtype, media type)
+
+@dataclass(frozen=True)
+class AudioFormat:
+    media_type: str
+    muxer: str | None = None  # FFmpeg muxer; None for wav/pcm, which are written here
+    codec: str | None = None
+    bit_rate: int | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+
 FORMATS = {
-    "wav": ("WAV", "PCM_16", "audio/wav"),
-    "pcm": ("RAW", "PCM_16", "audio/pcm"),
-    "flac": ("FLAC", "PCM_16", "audio/flac"),
-    "mp3": ("MP3", "MPEG_LAYER_III", "audio/mpeg"),
-    "opus": ("OGG", "OPUS", "audio/ogg"),
+    "mp3": AudioFormat("audio/mpeg", "mp3", "libmp3lame", 64_000),
+    # Ogg holds packets until a page is full or this much audio (µs) is buffered; 0.1 s keeps the
+    # stream close to the generated audio at ~1 % page overhead.
+    "opus": AudioFormat("audio/ogg", "ogg", "libopus", 32_000, {"page_duration": "100000"}),
+    "aac": AudioFormat("audio/aac", "adts", "aac", 64_000),
+    "flac": AudioFormat("audio/flac", "flac", "flac"),
+    "wav": AudioFormat("audio/wav"),
+    "pcm": AudioFormat("audio/pcm"),
 }
-STREAMABLE = ("wav", "pcm", "opus")
 
 
 def to_int16(audio: np.ndarray) -> np.ndarray:
@@ -36,69 +55,83 @@ def wav_stream_header(sample_rate: int, channels: int = 1, bits: int = 16) -> by
     )
 
 
-def encode(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    if fmt == "pcm":
-        return to_int16(audio).tobytes()
-    container, subtype, _ = FORMATS[fmt]
-    buf = io.BytesIO()
-    sf.write(buf, audio, sample_rate, format=container, subtype=subtype)
-    return buf.getvalue()
-
-
-class _AppendOnly:
-    """A write-only sink for libsndfile that hands out bytes as soon as they are encoded."""
+class _Sink:
+    """Write-only, not seekable: PyAV then muxes as for a pipe, and the bytes can leave at once."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
-        self.size = 0
 
     def write(self, data: bytes) -> int:
         self.parts.append(bytes(data))
-        self.size += len(data)
         return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.size  # stream containers (Ogg) never need to go back
-
-    def tell(self) -> int:
-        return self.size
-
-    def read(self, n: int = -1) -> bytes:
-        return b""
 
     def take(self) -> bytes:
         out, self.parts = b"".join(self.parts), []
         return out
 
 
+class _FFmpegEncoder:
+    def __init__(self, fmt: AudioFormat, sample_rate: int, out) -> None:
+        # flush_packets: hand each muxed packet to `out` now instead of filling a 32 KiB buffer first
+        self.container = av.open(out, "w", format=fmt.muxer, options={"flush_packets": "1", **fmt.options})
+        self.stream = self.container.add_stream(fmt.codec, rate=sample_rate, layout="mono")
+        if fmt.bit_rate:
+            self.stream.bit_rate = fmt.bit_rate
+        self.sample_rate = sample_rate
+        self.pts = 0
+
+    def write(self, audio: np.ndarray) -> None:
+        if not len(audio):
+            return
+        # the same 16-bit samples as pcm and wav, so flac is exactly them and every format quantizes alike
+        frame = av.AudioFrame.from_ndarray(to_int16(audio)[None, :], format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.pts = self.pts
+        self.pts += len(audio)
+        # PyAV converts sample format and frame size to what the encoder takes
+        self.container.mux(self.stream.encode(frame))
+
+    def close(self) -> None:
+        self.container.mux(self.stream.encode(None))
+        self.container.close()
+
+
+def encode(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """One whole file, headers complete."""
+    if fmt == "pcm":
+        return to_int16(audio).tobytes()
+    buf = io.BytesIO()
+    if fmt == "wav":
+        sf.write(buf, audio, sample_rate, format="WAV", subtype="PCM_16")
+        return buf.getvalue()
+    enc = _FFmpegEncoder(FORMATS[fmt], sample_rate, buf)
+    enc.write(audio)
+    enc.close()
+    return buf.getvalue()
+
+
 class StreamEncoder:
-    """Encodes successive float chunks into the bytes of one stream."""
+    """Encodes successive float chunks into the bytes of one stream; each call returns what is ready."""
 
     def __init__(self, fmt: str, sample_rate: int) -> None:
-        if fmt not in STREAMABLE:
-            raise ValueError(fmt)
         self.fmt = fmt
         self.sample_rate = sample_rate
-        self._sink: _AppendOnly | None = None
-        self._file: sf.SoundFile | None = None
-        self._started = False
+        self._sink = _Sink()
+        self._ffmpeg = _FFmpegEncoder(FORMATS[fmt], sample_rate, self._sink) if FORMATS[fmt].muxer else None
 
     def header(self) -> bytes:
-        return wav_stream_header(self.sample_rate) if self.fmt == "wav" else b""
+        if self.fmt == "wav":
+            return wav_stream_header(self.sample_rate)
+        return self._sink.take()  # what the muxer wrote on opening (e.g. FLAC's stream header)
 
     def chunk(self, audio: np.ndarray) -> bytes:
-        if self.fmt in ("wav", "pcm"):
+        if self._ffmpeg is None:
             return to_int16(audio).tobytes()
-        if self._file is None:
-            self._sink = _AppendOnly()
-            container, subtype, _ = FORMATS[self.fmt]
-            self._file = sf.SoundFile(self._sink, "w", self.sample_rate, 1, format=container, subtype=subtype)
-        self._file.write(audio)
+        self._ffmpeg.write(audio)
         return self._sink.take()
 
     def close(self) -> bytes:
-        if self._file is None:
+        if self._ffmpeg is None:
             return b""
-        self._file.close()
+        self._ffmpeg.close()
         return self._sink.take()
-

@@ -35,12 +35,17 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from . import onnxruntime_install
+
+    if problem := onnxruntime_install.problem(onnxruntime_install.installed_builds()):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     # Fail fast, before listening, on what the operator or user can fix: the model files and the device.
     from .engine.runtime import DeviceError, Runtime, RuntimeOptions
     from .model.manifest import ModelLoadError, validate_model_dir
 
     try:
-        validate_model_dir(settings.model_dir)
+        validate_model_dir(settings.model_dir, extra_aliases=settings.voice_alias_table())
         Runtime(settings.device, RuntimeOptions(device_id=settings.device_id))
         settings.resolved_api_key()
     except (ModelLoadError, DeviceError, OSError) as exc:
@@ -52,13 +57,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _doctor(_: argparse.Namespace) -> int:
+    from . import onnxruntime_install
+
+    builds = onnxruntime_install.installed_builds()
+    if problem := onnxruntime_install.problem(builds):
+        print(f"ONNX Runtime: NOT usable: {problem}")
+        return 1
     import onnxruntime as ort
 
     from .engine.runtime import DeviceError, Runtime, cuda_missing_reason
     from .gpu import nvml_devices
 
     print(f"cosyvoice-server {__version__}")
-    print(f"onnxruntime {ort.__version__}; providers: {', '.join(ort.get_available_providers())}")
+    print(f"onnxruntime {ort.__version__} (from {builds[0]}); providers: {', '.join(ort.get_available_providers())}")
     devices, driver = nvml_devices()
     print(f"NVIDIA driver: {driver or 'not found (NVML unavailable)'}")
     for d in devices:

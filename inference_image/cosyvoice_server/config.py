@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BUNDLED_MODEL = Path(__file__).parent / "models" / "tiny"
 # Settings with no `serve` flag: a secret belongs in the environment or a file, not in argv (`ps` shows argv).
@@ -30,6 +30,8 @@ class Settings(BaseModel):
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="after SIGTERM, how long accepted requests may take to finish")
     max_body_bytes: int = Field(65536, ge=1024, description="largest accepted request body (413 beyond)")
     served_model_name: str | None = Field(None, description="model id in the API (default: the manifest's name)")
+    voice_aliases: str | None = Field(None, description="alias=voice pairs, comma-separated (e.g. alloy=default,nova=bright), "
+                                      "added over the model.yaml voices.aliases table")
     api_key: str | None = Field(None, description="if set, /v1/* requires 'Authorization: Bearer <key>'", repr=False)
     api_key_file: Path | None = Field(None, description="file holding the API key (a mounted Secret); read at start-up")
     device_id: int = Field(0, ge=0, description="CUDA device ordinal (a MIG slice is always 0 inside its container)")
@@ -37,12 +39,30 @@ class Settings(BaseModel):
     intra_op_threads: int = Field(1, ge=0, description="CPU threads per ONNX Runtime session (0 = all cores; the three stages already run in parallel)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log verbosity")
 
+    @field_validator("voice_aliases")
+    @classmethod
+    def _aliases_parse(cls, v: str | None) -> str | None:
+        parse_voice_aliases(v)
+        return v
+
+    def voice_alias_table(self) -> dict[str, str]:
+        return parse_voice_aliases(self.voice_aliases)
+
     def resolved_api_key(self) -> str | None:
         if self.api_key:
             return self.api_key
         if self.api_key_file:
             return self.api_key_file.read_text().strip() or None
         return None
+
+
+def parse_voice_aliases(spec: str | None) -> dict[str, str]:
+    """`alloy=default, nova=bright` -> {"alloy": "default", "nova": "bright"}; ValueError names a bad pair."""
+    pairs = [p.strip() for p in (spec or "").split(",") if p.strip()]
+    bad = [p for p in pairs if p.count("=") != 1 or not all(x.strip() for x in p.split("="))]
+    if bad:
+        raise ValueError(f"expected alias=voice pairs separated by commas, got {bad[0]!r}")
+    return {a.strip(): t.strip() for a, t in (p.split("=") for p in pairs)}
 
 
 def env_name(field: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from .api.schemas import SpeechRequest
 from .config import Settings
 from .engine.pipeline import Pipeline
+from .model.manifest import voice_aliases
 from .metrics import Metrics
 from .scheduling.request import Done, Outcome, SynthesisRequest
 from .scheduling.scheduler import Scheduler, SchedulerConfig
@@ -30,6 +31,7 @@ class ServerState:
     ready: bool = False
     draining: bool = False
     load_error: str | None = None
+    voice_aliases: dict[str, str] = field(default_factory=dict)  # alias -> voice, model.yaml + --voice-aliases
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -46,6 +48,8 @@ class ServerState:
         opts = RuntimeOptions(device_id=s.device_id, gpu_mem_limit_bytes=s.gpu_mem_limit_bytes,
                               intra_op_threads=s.intra_op_threads)
         self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts)
+        self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
+                                           s.voice_alias_table())
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size),
                                    self.metrics)
         self.scheduler.start()
@@ -60,12 +64,19 @@ class ServerState:
         if item.outcome != Outcome.OK:
             raise RuntimeError(f"warm-up synthesis failed: {item.message}")
 
+    def voice(self, name: str | None) -> str | None:
+        """The voice a requested name (a voice or an alias) stands for; the default for None; None if unknown."""
+        if name is None:
+            return self.pipeline.manifest.voices.default
+        name = self.voice_aliases.get(name, name)
+        return name if name in self.pipeline.voices else None
+
     def new_request(self, body: SpeechRequest) -> SynthesisRequest:
         p = self.pipeline
         m = p.manifest
         return SynthesisRequest(
             segments=p.frontend.segments(body.input),
-            voice=p.voices[body.voice or m.voices.default],
+            voice=p.voices[self.voice(body.voice_id)],
             speed=body.speed,
             seed=body.seed,
             deadline=time.monotonic() + self.settings.request_timeout_s,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,8 @@ LONG = " ".join(["Streaming speech synthesis keeps going for quite a while here.
 
 
 def body(text: str = "Batching brings many requests together.", **kw) -> dict:
-    return {"model": "tts-1", "input": text, "response_format": "wav"} | kw
+    """A whole-file request (its status and headers say how it ended) unless kw says stream=True."""
+    return {"model": "tts-1", "input": text, "response_format": "wav", "stream": False} | kw
 
 
 def histogram(metrics: str, name: str, label: str, value: str) -> dict[str, float]:
@@ -86,6 +88,20 @@ def test_deadline_exceeded_gives_504_and_frees_the_slot(start_server):
     # capacity 1: the timed-out request no longer holds it
     ok = httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30)
     assert ok.status_code == 200
+
+
+def test_a_stream_past_its_deadline_never_looks_complete(start_server):
+    s = start_server("--request-timeout-s", "0.3", "--max-batch-size", "1", "--max-queue-size", "0")
+    body_ = {"model": "tts-1", "input": LONG, "response_format": "pcm"}  # streamed, as by default
+    with httpx.stream("POST", s.url + "/v1/audio/speech", json=body_, timeout=30) as r:
+        if r.status_code == 200:  # audio flowed before the deadline: the transfer must break, not end cleanly
+            with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
+                for _ in r.iter_raw():
+                    pass
+        else:  # the deadline came before any audio: an error response, as without streaming
+            assert r.status_code == 504 and json.loads(r.read())["error"]["code"] == "timeout"
+    assert httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30).status_code == 200
+    assert "Traceback" not in s.log()
 
 
 def test_client_disconnect_frees_its_slot(start_server):

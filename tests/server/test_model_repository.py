@@ -77,6 +77,10 @@ def test_manifest_layer_count_must_match_the_llm_graph(model):
     (lambda m: m.update(sample_rate=22050), r"rates disagree"),
     (lambda m: m["llm"].update(files={"fp16": "llm.fp16.onnx"}), r"files must include an fp32 entry"),
     (lambda m: m["voices"].update(default="nobody"), r"nobody\.npz: missing"),
+    (lambda m: m["voices"].update(aliases={"alloy": "nobody"}),
+     r"voices\.aliases: alias 'alloy' points to voice 'nobody', which does not exist \(voices: bright, default, warm\)"),
+    (lambda m: m["voices"].update(aliases={"warm": "default"}), r"alias 'warm' has the name of an existing voice"),
+    (lambda m: m["voices"].update(aliases={"al loy": "default"}), r"'al loy' is not a voice name"),
 ])
 def test_bad_manifest_fields_are_explained(model, edit, message):
     man = yaml.safe_load((model / "model.yaml").read_text())
@@ -84,6 +88,12 @@ def test_bad_manifest_fields_are_explained(model, edit, message):
     (model / "model.yaml").write_text(yaml.safe_dump(man))
     with pytest.raises(ModelLoadError, match=message):
         validate_model_dir(model)
+
+
+def test_server_voice_aliases_are_checked_against_the_voices(model):
+    assert validate_model_dir(model, extra_aliases={"narrator": "warm"}).voices.aliases["alloy"] == "default"
+    with pytest.raises(ModelLoadError, match=r"--voice-aliases: alias 'narrator' points to voice 'nobody'"):
+        validate_model_dir(model, extra_aliases={"narrator": "nobody"})
 
 
 def test_broken_voice_file_is_named(model):

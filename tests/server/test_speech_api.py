@@ -5,9 +5,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import struct
+import subprocess
+import sys
 import time
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -18,7 +22,8 @@ SAMPLES_PER_TOKEN = 960
 
 
 def speech(url: str, timeout: float = 60, **body) -> httpx.Response:
-    body = {"model": "tts-1", "input": SENTENCE, "response_format": "wav"} | body
+    """A whole-file request (stream=false), the response with its headers."""
+    body = {"model": "tts-1", "input": SENTENCE, "response_format": "wav", "stream": False} | body
     return httpx.post(url + "/v1/audio/speech", json=body, timeout=timeout)
 
 
@@ -45,16 +50,32 @@ def test_same_seed_same_audio_and_different_seed_differs(server):
     assert a != c
 
 
-@pytest.mark.parametrize("fmt, container", [("flac", "FLAC"), ("mp3", "MP3"), ("opus", "OGG")])
-def test_compressed_formats_decode_to_the_same_length(server, fmt, container):
+def decode(data: bytes) -> tuple[str, int, np.ndarray]:
+    """(container, sample rate, mono samples in the decoder's own format) by FFmpeg's decoders."""
+    with av.open(io.BytesIO(data)) as f:
+        rate = f.streams.audio[0].rate
+        samples = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(audio=0)])
+        return f.format.name, rate, samples
+
+
+@pytest.mark.parametrize("fmt, container, media_type", [
+    ("flac", "FLAC", "audio/flac"), ("mp3", "MP3", "audio/mpeg"), ("opus", "OGG", "audio/ogg"), ("aac", None, "audio/aac"),
+])
+def test_compressed_formats_decode_to_the_same_length(server, fmt, container, media_type):
     pcm = speech(server.url, seed=3, response_format="pcm").content
     r = speech(server.url, seed=3, response_format=fmt)
     assert r.status_code == 200, r.text
-    info = sf.info(io.BytesIO(r.content))
-    assert info.format == container and info.samplerate == 24000
-    decoded, _ = sf.read(io.BytesIO(r.content))
-    # lossy codecs add/trim a few encoder frames at the edges
-    assert abs(len(decoded) - len(pcm) // 2) <= 2000
+    assert r.headers["content-type"] == media_type and int(r.headers["content-length"]) == len(r.content)
+    if container:  # libsndfile reads these, and whole files carry complete headers (lengths, gapless info)
+        info = sf.info(io.BytesIO(r.content))
+        assert info.format == container and info.samplerate == 24000
+        decoded, _ = sf.read(io.BytesIO(r.content))
+        assert abs(len(decoded) - len(pcm) // 2) <= 2000 if fmt != "flac" else len(decoded) == len(pcm) // 2
+    else:  # AAC in ADTS frames, as OpenAI sends it
+        name, rate, decoded = decode(r.content)
+        assert name == "aac" and rate == 24000
+        # AAC adds its 1024-sample priming and pads the last frame
+        assert 0 <= len(decoded) - len(pcm) // 2 <= 2 * 1024 + 1024
 
 
 def test_pcm_is_headerless_16_bit(server):
@@ -95,9 +116,10 @@ def test_streamed_wav_arrives_in_order_before_synthesis_ends(server):
     total = int(whole.headers["x-speech-tokens"])
     chunks, times = [], []
     t0 = time.monotonic()
-    body = {"model": "tts-1", "input": text, "response_format": "wav", "stream": True, "seed": 21}
+    body = {"model": "tts-1", "input": text, "response_format": "wav", "seed": 21}  # streaming is the default
     with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=60) as r:
         assert r.status_code == 200
+        assert r.headers["transfer-encoding"] == "chunked" and "content-length" not in r.headers
         for part in r.iter_raw():
             chunks.append(part)
             times.append(time.monotonic() - t0)
@@ -110,6 +132,79 @@ def test_streamed_wav_arrives_in_order_before_synthesis_ends(server):
     assert len(pcm) == total * SAMPLES_PER_TOKEN * 2
     first_audio = next(t for t, c in zip(times, np.cumsum([len(c) for c in chunks])) if c > 44)
     assert first_audio < 0.5 * times[-1], f"first audio at {first_audio:.3f}s of {times[-1]:.3f}s"
+
+
+def stream_raw(url: str, **body) -> list[bytes]:
+    body = {"model": "tts-1", "input": SENTENCE} | body
+    with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        assert "content-length" not in r.headers
+        return [part for part in r.iter_raw() if part]
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "aac", "opus", "flac"])
+def test_compressed_formats_stream_by_default_and_decode(server, fmt):
+    text = " ".join([SENTENCE] * 4)
+    pcm = np.frombuffer(speech(server.url, seed=8, input=text, response_format="pcm").content, "<i2")
+    parts = stream_raw(server.url, seed=8, input=text, response_format=fmt)
+    assert len(parts) >= 3, "audio must leave in pieces as it is encoded, not as one file at the end"
+    _, rate, decoded = decode(b"".join(parts))
+    if fmt == "flac":  # lossless: the very samples, though the streamed header cannot carry the length
+        assert rate == 24000 and decoded.dtype == np.int16 and np.array_equal(decoded, pcm)
+    else:  # encoder delay and last-frame padding add at most a few frames; opus decodes at 48 kHz
+        assert 0 <= len(decoded) * 24000 // rate - len(pcm) <= 3 * 1152
+
+
+def test_openai_voice_names_resolve_through_the_alias_table(server):
+    from cosyvoice_server.api.schemas import OPENAI_VOICES
+
+    listing = httpx.get(server.url + "/v1/audio/voices").json()
+    target = {a: v["id"] for v in listing["voices"] for a in v["aliases"]}
+    assert sorted(target) == sorted(OPENAI_VOICES)
+    own = {v: speech(server.url, seed=2, voice=v, response_format="pcm").content for v in set(target.values())}
+    for alias, voice in target.items():
+        assert speech(server.url, seed=2, voice=alias, response_format="pcm").content == own[voice], alias
+    # OpenAI's voice object
+    assert speech(server.url, seed=2, voice={"id": "nova"}, response_format="pcm").content == own[target["nova"]]
+    assert speech(server.url, seed=2, voice={"id": "warm"}, response_format="pcm").content == own["warm"]
+
+
+def test_openapi_documents_every_error_in_openai_shape(server):
+    import jsonschema
+
+    doc = httpx.get(server.url + "/openapi.json").json()
+    speech_op = doc["paths"]["/v1/audio/speech"]["post"]
+    assert {"400", "401", "404", "413", "429", "500", "503", "504"} <= set(speech_op["responses"])
+    for path in ("/v1/audio/speech", "/v1/audio/voices", "/v1/models"):
+        for status, resp in doc["paths"][path][next(iter(doc["paths"][path]))]["responses"].items():
+            if status.startswith(("4", "5")):
+                assert resp["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert speech_op["requestBody"]["content"]["application/json"]["schema"]["properties"]["stream"]["default"] is True
+    # real error bodies validate against the documented schema
+    schema = {"$ref": "#/components/schemas/ErrorResponse", "components": doc["components"]}
+    for bad in ({"model": "tts-1"}, {"model": "whisper-1", "input": "hi"}, {"model": "tts-1", "input": "hi", "voice": "x"}):
+        r = httpx.post(server.url + "/v1/audio/speech", json=bad, timeout=30)
+        assert str(r.status_code) in speech_op["responses"]
+        jsonschema.validate(r.json(), schema)
+
+
+def test_server_voice_aliases_add_to_the_model_table(start_server):
+    s = start_server("--voice-aliases", "alloy=warm, narrator=bright")
+    def pcm(voice: str) -> bytes:
+        return speech(s.url, seed=6, voice=voice, response_format="pcm").content
+    assert pcm("alloy") == pcm("warm") and pcm("narrator") == pcm("bright") and pcm("nova") == pcm("bright")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("alloy=nobody", "--voice-aliases: alias 'alloy' points to voice 'nobody', which does not exist"),
+    ("warm=bright", "--voice-aliases: alias 'warm' has the name of an existing voice"),
+    ("alloy", "voice_aliases: Value error, expected alias=voice pairs"),
+])
+def test_bad_server_voice_aliases_stop_start_up(spec, message):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYVOICE_")} | {"COSYVOICE_VOICE_ALIASES": spec}
+    r = subprocess.run([sys.executable, "-m", "cosyvoice_server.cli", "serve", "--port", "1"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
 def test_sse_stream_has_deltas_then_done_with_usage(server):
@@ -132,9 +227,11 @@ BAD_REQUESTS = [
     ({"model": "tts-1", "input": "\u0007\u0008"}, 400, "input", "invalid_value"),
     ({"model": "tts-1", "input": "x" * 4097}, 400, "input", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "voice": "nobody"}, 400, "voice", "invalid_voice"),
+    ({"model": "tts-1", "input": "hi", "voice": {"id": "nobody"}}, 400, "voice.id", "invalid_voice"),
+    ({"model": "tts-1", "input": "hi", "voice": {"name": "alloy"}}, 400, "voice", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "voice": 7}, 400, "voice", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_value"),
-    ({"model": "tts-1", "input": "hi", "response_format": "aac"}, 400, "response_format", "unsupported_format"),
-    ({"model": "tts-1", "input": "hi", "response_format": "mp3", "stream": True}, 400, "response_format", "unsupported_format"),
+    ({"model": "tts-1", "input": "hi", "stream": False, "stream_format": "sse"}, 400, "stream_format", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "speed": 0.1}, 400, "speed", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "speed": 4.5}, 400, "speed", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "speed": "fast"}, 400, "speed", "invalid_value"),

@@ -12,12 +12,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from ..audio import FORMATS, STREAMABLE, StreamEncoder, encode
+from ..audio import FORMATS, StreamEncoder, encode
 from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from .errors import APIError, validation_message
-from .schemas import ModelCard, SpeechRequest, VoiceCard
+from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, SpeechRequest, VoiceCard
 
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
@@ -37,7 +37,38 @@ async def require_api_key(request: Request) -> None:
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+_ERRORS = {
+    400: "Invalid request: malformed JSON, a missing or invalid field (`param` names it), an unknown voice",
+    401: "An API key is configured and `Authorization: Bearer <key>` is missing or wrong",
+    404: "Unknown model",
+    413: "The request body is over the server's limit",
+    429: "The server is full; `Retry-After` says when to retry",
+    500: "Synthesis failed on the server",
+    503: "The model is loading or the server is draining; `Retry-After` says when to retry",
+    504: "Synthesis did not finish within the request timeout",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """OpenAPI entries for the error statuses a route answers, all in OpenAI's error shape."""
+    return {status: {"model": ErrorResponse, "description": _ERRORS[status]} for status in statuses}
+
+
+def _inline(schema: dict) -> dict:
+    """A pydantic schema with its $defs substituted, so it is valid where it is embedded in the OpenAPI document."""
+    defs = schema.pop("$defs", {})
+
+    def sub(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return sub(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: sub(v) for k, v in node.items()}
+        return [sub(v) for v in node] if isinstance(node, list) else node
+
+    return sub(schema)
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=error_responses(401))
 
 
 def _ready(state: ServerState) -> None:
@@ -55,11 +86,12 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": [ModelCard(id=s.model_id, created=s.created).model_dump()]})
 
 
-@router.get("/audio/voices")
+@router.get("/audio/voices", responses=error_responses(503))
 async def list_voices(request: Request) -> JSONResponse:
     s = state_of(request)
     _ready(s)
-    voices = [VoiceCard(id=v.name, name=v.name, prompt_speech_tokens=len(v.prompt_speech_tokens)).model_dump()
+    voices = [VoiceCard(id=v.name, name=v.name, prompt_speech_tokens=len(v.prompt_speech_tokens),
+                        aliases=sorted(a for a, t in s.voice_aliases.items() if t == v.name)).model_dump()
               for v in s.pipeline.voices.values()]
     return JSONResponse({"object": "list", "default": s.pipeline.manifest.voices.default, "voices": voices})
 
@@ -91,17 +123,15 @@ def _parse(body: bytes, state: ServerState) -> SpeechRequest:
     if req.model not in (state.model_id, *OPENAI_MODEL_ALIASES):
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{state.model_id}'.",
                        param="model", code="model_not_found")
-    voices = state.pipeline.voices
-    if req.voice is not None and req.voice not in voices:
-        raise APIError(400, f"Unknown voice '{req.voice}'; available: {', '.join(sorted(voices))}.", param="voice",
-                       code="invalid_voice")
-    if req.response_format not in FORMATS:
-        raise APIError(400, f"response_format '{req.response_format}' is not supported here; use one of "
-                       f"{', '.join(FORMATS)}.", param="response_format", code="unsupported_format")
-    if req.streaming and req.response_format not in STREAMABLE:
-        raise APIError(400, f"Streaming supports response_format {', '.join(STREAMABLE)}; "
-                       f"'{req.response_format}' needs the whole audio (send stream=false).",
-                       param="response_format", code="unsupported_format")
+    if state.voice(req.voice_id) is None:
+        names = sorted([*state.pipeline.voices, *state.voice_aliases])
+        hint = (" OpenAI's voice names work once the model or the server maps them (voices.aliases in model.yaml, "
+                "or --voice-aliases alloy=<voice>).") if req.voice_id in OPENAI_VOICES else ""
+        raise APIError(400, f"Unknown voice '{req.voice_id}'; available: {', '.join(names)}.{hint}",
+                       param="voice.id" if isinstance(data.get("voice"), dict) else "voice", code="invalid_voice")
+    if not req.stream and req.stream_format == "sse":
+        raise APIError(400, "stream_format 'sse' sends events as they are generated; it cannot be combined with "
+                       "stream=false.", param="stream_format", code="invalid_value")
     if req.instructions:
         raise APIError(400, "This model does not take 'instructions' (CosyVoice2 instruct voices are not loaded).",
                        param="instructions", code="unsupported_parameter")
@@ -128,8 +158,14 @@ async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | 
 
 @router.post(
     "/audio/speech",
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SpeechRequest.model_json_schema()}}}},
-    responses={200: {"content": {f[2]: {} for f in FORMATS.values()} | {"text/event-stream": {}}}},
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _inline(SpeechRequest.model_json_schema())}}}},
+    responses={
+        200: {"description": "The audio, streamed as it is generated unless `stream` is false; with `stream_format: "
+                             "sse`, `speech.audio.delta` events then `speech.audio.done`",
+              "content": {f.media_type: {"schema": {"type": "string", "format": "binary"}} for f in FORMATS.values()}
+              | {"text/event-stream": {"schema": {"type": "string"}}}},
+        **error_responses(400, 404, 413, 429, 500, 503, 504),
+    },
 )
 async def create_speech(request: Request) -> Response:
     s = state_of(request)
@@ -149,19 +185,25 @@ async def create_speech(request: Request) -> Response:
         s.record(exc.status, started)
         raise
     headers = {"X-Request-Id": str(req.id)}
-    if body.streaming:
-        return StreamingResponse(_stream(s, req, body, started), headers=headers,
-                                 media_type="text/event-stream" if body.stream_format == "sse" else FORMATS[body.response_format][2])
     chunks: list[np.ndarray] = []
-    outcome = Outcome.CANCELLED
+    outcome, streaming = Outcome.CANCELLED, False
     try:
-        while not isinstance(item := await _next(req, request), Done):
+        # A stream starts with its first audio, not before: until then a failure or timeout still gets its
+        # status code and error body instead of a 200 with nothing in it.
+        item = await _next(req, request)
+        if body.stream and not isinstance(item, Done):
+            streaming = True  # the stream now owns the request and releases it
+            return _SpeechStream(_stream(s, req, body, started, item), headers=headers,
+                                 media_type="text/event-stream" if body.stream_format == "sse" else FORMATS[body.response_format].media_type)
+        while not isinstance(item, Done):
             chunks.append(item)
+            item = await _next(req, request)
         outcome = item.outcome
     except _Timeout:
         outcome = Outcome.TIMEOUT
     finally:
-        s.scheduler.release(req, outcome)
+        if not streaming:
+            s.scheduler.release(req, outcome)
     if outcome == Outcome.TIMEOUT:
         s.record(504, started)
         raise APIError(504, f"Synthesis did not finish within the request timeout of {s.settings.request_timeout_s:g} s.",
@@ -170,19 +212,43 @@ async def create_speech(request: Request) -> Response:
         s.record(500, started)
         raise APIError(500, f"Synthesis failed: {item.message}.", type="server_error", code="internal_error")
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-    data = encode(audio, s.pipeline.sample_rate, body.response_format)
+    data = await _encoded(body.response_format, encode, audio, s.pipeline.sample_rate, body.response_format)
     s.record(200, started)
     headers |= {"X-Speech-Tokens": str(len(req.tokens)), "X-Audio-Duration-Seconds": f"{len(audio) / s.pipeline.sample_rate:.3f}"}
     if req.first_audio_at is not None:
         headers["X-Time-To-First-Audio-Ms"] = f"{(req.first_audio_at - req.created) * 1000:.1f}"
-    return Response(data, media_type=FORMATS[body.response_format][2], headers=headers)
+    return Response(data, media_type=FORMATS[body.response_format].media_type, headers=headers)
+
+
+async def _encoded(fmt: str, fn, *args) -> bytes:
+    """Compressed formats encode off the event loop (milliseconds per second of audio), so other streams keep flowing."""
+    if FORMATS[fmt].muxer is None:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def _sse(event: dict) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, started: float):
+_BROKEN = object()  # yielded last when a raw audio stream must not end as if complete
+
+
+class _SpeechStream(StreamingResponse):
+    """A raw audio stream whose synthesis fails part-way ends without its closing chunk, so the client sees
+    a broken transfer (httpx: "incomplete chunked read") instead of a complete but truncated file. SSE
+    streams end normally: they carry an `error` event instead."""
+
+    async def stream_response(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            if chunk is _BROKEN:
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, started: float, first: np.ndarray):
     enc = StreamEncoder(body.response_format, s.pipeline.sample_rate)
     sse = body.stream_format == "sse"
     outcome, code = Outcome.CANCELLED, 499  # until it ends otherwise, the client went away
@@ -191,14 +257,15 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
         return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
 
     try:
-        pending = enc.header()
-        while not isinstance(item := await _next(req, None), Done):
-            data = pending + enc.chunk(item)
+        pending, item = enc.header(), first
+        while not isinstance(item, Done):
+            data = pending + await _encoded(enc.fmt, enc.chunk, item)
             pending = b""
             if data:
                 yield out(data)
+            item = await _next(req, None)
         outcome = item.outcome
-        tail = pending + enc.close()
+        tail = pending + await _encoded(enc.fmt, enc.close)
         if tail:
             yield out(tail)
         if outcome == Outcome.FAILED:
@@ -220,3 +287,5 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
     finally:
         s.scheduler.release(req, outcome)
         s.record(code, started)
+    if code in (500, 504) and not sse:
+        yield _BROKEN

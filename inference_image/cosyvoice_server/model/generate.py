@@ -312,9 +312,16 @@ def _byte_level_tokenizer() -> str:
     return json.dumps(json.loads(tok.to_str()), indent=1, sort_keys=True)
 
 
+VOICES = [("default", 0), ("bright", 0), ("warm", 12)]  # name, prompt speech tokens (0: an SFT speaker)
+# OpenAI's voice names spread over the generated voices, so OpenAI clients work unchanged.
+OPENAI_ALIASES = {"alloy": "default", "ash": "warm", "ballad": "warm", "cedar": "warm", "coral": "bright",
+                  "echo": "default", "fable": "bright", "marin": "bright", "nova": "bright", "onyx": "warm",
+                  "sage": "default", "shimmer": "bright", "verse": "default"}
+
+
 def _voices(p: Preset, init: _Init) -> dict[str, dict[str, np.ndarray]]:
     voices = {}
-    for name, prompt_tokens in [("default", 0), ("bright", 0), ("warm", 12)]:
+    for name, prompt_tokens in VOICES:
         emb = init.rng.standard_normal(SPK_DIM).astype(np.float32)
         tokens = init.rng.integers(0, p.speech_vocab, prompt_tokens).astype(np.int64)
         voices[name] = {
@@ -415,7 +422,7 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
         },
         "vocoder": {"files": files["hift"]},
         "streaming": {"first_hop_tokens": p.first_hop_tokens, "max_hop_tokens": p.max_hop_tokens, "crossfade_frames": 2},
-        "voices": {"dir": "voices", "default": "default"},
+        "voices": {"dir": "voices", "default": "default", "aliases": OPENAI_ALIASES},
         "generator": {"preset": preset, "seed": seed},
     }
     (out / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))

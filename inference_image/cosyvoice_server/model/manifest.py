@@ -17,6 +17,7 @@ and ranks the engine feeds it; errors name the file and what is wrong.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -85,9 +86,22 @@ class Streaming(_Strict):
     crossfade_frames: int = Field(2, ge=0, description="mel frames (480 samples each) cross-faded at chunk seams")
 
 
+VOICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
 class Voices(_Strict):
     dir: str = "voices"
     default: str
+    aliases: dict[str, str] = Field(
+        {}, description="other names for voices (alias: voice file stem), e.g. OpenAI's `alloy: default`; "
+        "an alias may not shadow a voice")
+
+    @model_validator(mode="after")
+    def _alias_names(self) -> Voices:
+        bad = [n for pair in self.aliases.items() for n in pair if not re.match(VOICE_NAME, n)]
+        if bad:
+            raise ValueError(f"aliases: {bad[0]!r} is not a voice name (letters, digits, '_', '.', '-')")
+        return self
 
 
 class Manifest(_Strict):
@@ -207,8 +221,9 @@ def stage_file(model_dir: Path, stage: StageFiles, precision: Precision, what: s
     return path
 
 
-def validate_model_dir(model_dir: Path, precision: Precision = "fp32") -> Manifest:
-    """Loads the manifest and checks every file it names; used at start-up before any session is built."""
+def validate_model_dir(model_dir: Path, precision: Precision = "fp32", extra_aliases: dict[str, str] | None = None) -> Manifest:
+    """Loads the manifest and checks every file it names and every voice alias (with the server's own
+    `extra_aliases`); used at start-up before any session is built."""
     m = load_manifest(model_dir)
     llm_in, llm_out = _llm_io(m)
     check_onnx_io(stage_file(model_dir, m.llm, precision, "llm"), "llm", llm_in, llm_out)
@@ -221,4 +236,19 @@ def validate_model_dir(model_dir: Path, precision: Precision = "fp32") -> Manife
     vdir = model_dir / m.voices.dir
     if not (vdir / f"{m.voices.default}.npz").is_file():
         raise ModelLoadError(f"{vdir / (m.voices.default + '.npz')}: missing (the default voice named in model.yaml)")
+    voice_aliases(model_dir, m, {p.stem for p in vdir.glob("*.npz")}, extra_aliases or {})
     return m
+
+
+def voice_aliases(model_dir: Path, m: Manifest, voices: set[str], extra: dict[str, str]) -> dict[str, str]:
+    """The model's alias table with `extra` (the server's --voice-aliases) added over it; every alias must
+    name an existing voice and none may hide one."""
+    table = m.voices.aliases | extra
+    for alias, target in sorted(table.items()):
+        where = "--voice-aliases" if alias in extra else f"{model_dir / 'model.yaml'}: voices.aliases"
+        if target not in voices:
+            raise ModelLoadError(f"{where}: alias '{alias}' points to voice '{target}', which does not exist "
+                                 f"(voices: {', '.join(sorted(voices))})")
+        if alias in voices:
+            raise ModelLoadError(f"{where}: alias '{alias}' has the name of an existing voice; choose another name")
+    return table
