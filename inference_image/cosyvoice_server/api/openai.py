@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 
 import numpy as np
@@ -20,6 +21,8 @@ from .errors import APIError, validation_message
 from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, SpeechRequest, VoiceCard
 
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+log = logging.getLogger(__name__)
 
 
 def state_of(request: Request) -> ServerState:
@@ -288,4 +291,6 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
         s.scheduler.release(req, outcome)
         s.record(code, started)
     if code in (500, 504) and not sse:
+        log.warning("request %s: %s after its audio began; the stream is cut short", req.id,
+                    "synthesis failed" if code == 500 else "the deadline passed")
         yield _BROKEN
