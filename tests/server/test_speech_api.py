@@ -180,7 +180,11 @@ def test_openapi_documents_every_error_in_openai_shape(server):
             if status.startswith(("4", "5")):
                 assert resp["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
     assert speech_op["requestBody"]["content"]["application/json"]["schema"]["properties"]["stream"]["default"] is True
-    # real error bodies validate against the documented schema
+    # real bodies validate against the documented schemas
+    for path, name in (("/v1/models", "ModelList"), ("/v1/audio/voices", "VoiceList")):
+        ok = doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok == {"$ref": f"#/components/schemas/{name}"}
+        jsonschema.validate(httpx.get(server.url + path).json(), ok | {"components": doc["components"]})
     schema = {"$ref": "#/components/schemas/ErrorResponse", "components": doc["components"]}
     for bad in ({"model": "tts-1"}, {"model": "whisper-1", "input": "hi"}, {"model": "tts-1", "input": "hi", "voice": "x"}):
         r = httpx.post(server.url + "/v1/audio/speech", json=bad, timeout=30)

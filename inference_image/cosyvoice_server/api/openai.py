@@ -18,7 +18,7 @@ from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from .errors import APIError, validation_message
-from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, SpeechRequest, VoiceCard
+from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, ModelList, SpeechRequest, VoiceCard, VoiceList
 
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
@@ -83,20 +83,20 @@ def _ready(state: ServerState) -> None:
                        headers={"Retry-After": "5"})
 
 
-@router.get("/models")
+@router.get("/models", responses={200: {"model": ModelList}})
 async def list_models(request: Request) -> JSONResponse:
     s = state_of(request)
-    return JSONResponse({"object": "list", "data": [ModelCard(id=s.model_id, created=s.created).model_dump()]})
+    return JSONResponse(ModelList(data=[ModelCard(id=s.model_id, created=s.created)]).model_dump())
 
 
-@router.get("/audio/voices", responses=error_responses(503))
+@router.get("/audio/voices", responses={200: {"model": VoiceList}, **error_responses(503)})
 async def list_voices(request: Request) -> JSONResponse:
     s = state_of(request)
     _ready(s)
     voices = [VoiceCard(id=v.name, name=v.name, prompt_speech_tokens=len(v.prompt_speech_tokens),
-                        aliases=sorted(a for a, t in s.voice_aliases.items() if t == v.name)).model_dump()
+                        aliases=sorted(a for a, t in s.voice_aliases.items() if t == v.name))
               for v in s.pipeline.voices.values()]
-    return JSONResponse({"object": "list", "default": s.pipeline.manifest.voices.default, "voices": voices})
+    return JSONResponse(VoiceList(default=s.pipeline.manifest.voices.default, voices=voices).model_dump())
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -78,6 +78,17 @@ class VoiceCard(BaseModel):
     aliases: list[str] = Field(description="other names that select this voice (e.g. OpenAI's alloy)")
 
 
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    default: str = Field(description="the voice used when a request names none")
+    voices: list[VoiceCard]
+
+
 class ErrorDetail(BaseModel):
     message: str = Field(description="what went wrong and what to change")
     type: str = Field(description="invalid_request_error (the request must change), rate_limit_error (retry later) "
