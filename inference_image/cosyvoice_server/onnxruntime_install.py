@@ -15,9 +15,19 @@ HOW = ("install the server with one extra: cosyvoice-server[cpu] (onnxruntime) o
        "(onnxruntime-gpu), e.g. pip install './inference_image[gpu]' in the repository")
 
 
-def installed_builds() -> list[str]:
-    names = {re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() for d in metadata.distributions()}
-    return sorted(names & set(BUILDS))
+def installed_builds(path: list[str] | None = None) -> list[str]:
+    """The builds that share one directory of sys.path with another build are listed together (they
+    overwrite each other there); otherwise the one that `import onnxruntime` finds first."""
+    by_dir: dict[str, set[str]] = {}
+    for d in metadata.distributions(**({"path": path} if path is not None else {})):
+        name = re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower()
+        if name in BUILDS:
+            by_dir.setdefault(str(d.locate_file("")), set()).add(name)
+    clashing = [builds for builds in by_dir.values() if len(builds) > 1]
+    if clashing:
+        return sorted(clashing[0])
+    # builds in different directories (e.g. a --target layer over a system install): the first one imported wins
+    return sorted(next(iter(by_dir.values()), set()))
 
 
 def problem(builds: list[str]) -> str | None:

@@ -98,6 +98,24 @@ def test_onnxruntime_problem_says_what_to_do(builds, says):
     assert msg is None if says is None else (says in msg and "[cpu]" in msg and "[gpu]" in msg)
 
 
+def test_builds_clash_only_in_the_same_directory(tmp_path):
+    from cosyvoice_server.onnxruntime_install import installed_builds
+
+    def dist(where: Path, name: str) -> None:
+        info = where / f"{name.replace('-', '_')}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+
+    same, layer, system = tmp_path / "site", tmp_path / "layer", tmp_path / "system"
+    dist(same, "onnxruntime")
+    dist(same, "onnxruntime-gpu")
+    assert installed_builds([str(same)]) == ["onnxruntime", "onnxruntime-gpu"]
+    dist(layer, "onnxruntime-gpu")  # e.g. pip install --target, first on PYTHONPATH, over a system install
+    dist(system, "onnxruntime")
+    assert installed_builds([str(layer), str(system)]) == ["onnxruntime-gpu"]
+    assert installed_builds([str(tmp_path / "empty")]) == []
+
+
 def test_serve_without_onnxruntime_stops_with_the_install_command():
     # the interpreter as it would be after `pip install ./inference_image` alone: no onnxruntime distribution
     hide = ("import importlib.metadata as m, sys; real = m.distributions; "
