@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import yaml
 
 from . import render as rendering
-from .constants import API_VERSION, KIND, OPERATOR_VERSION
+from .constants import API_VERSION, KIND, LEASE_NAME, OPERATOR_VERSION
 from .spec import InvalidSpec, check_name, parse_spec
 
 
@@ -96,15 +96,23 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import kopf  # imported here so that `render` works without the operator's runtime
 
-    from . import handlers  # noqa: F401  # registers the handlers
+    from . import admin, handlers, leader, runtime  # noqa: F401  # handlers: registers them
 
+    try:
+        policy = admin.load(args.config)
+        timing = leader.Timing(args.lease_duration, args.renew_deadline, args.retry_period)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.FULL)
     namespaces = list(args.namespace or [])
-    memo = kopf.Memo(namespaces=None if args.all_namespaces else namespaces,
-                     resync_seconds=args.resync_seconds, cluster_domain=args.cluster_domain)
-    kopf.run(clusterwide=args.all_namespaces, namespaces=namespaces, liveness_endpoint=args.liveness,
-             standalone=args.peering is None, peering_name=args.peering, memo=memo)
-    return 0
+    memo = kopf.Memo(namespaces=None if args.all_namespaces else namespaces, resync_seconds=args.resync_seconds,
+                     cluster_domain=args.cluster_domain, policy=policy)
+    options = runtime.Options(namespaces=namespaces, clusterwide=args.all_namespaces, liveness=args.liveness,
+                              resync_seconds=args.resync_seconds, cluster_domain=args.cluster_domain, policy=policy,
+                              leader_election=args.leader_elect, lease_name=args.lease_name,
+                              lease_namespace=args.lease_namespace, identity=args.identity, timing=timing)
+    return runtime.run(options, memo)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -135,8 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resync-seconds", type=float, default=60.0,
                      help="period of the full resync: drift, status, GPU capacity (default 60)")
     run.add_argument("--cluster-domain", default="cluster.local", help="DNS domain used in status.endpoint")
-    run.add_argument("--peering", metavar="NAME", default=None,
-                     help="kopf peering object for several operator replicas (default: standalone)")
+    run.add_argument("--config", metavar="FILE", default=None,
+                     help="the administrator's settings: metrics sources and bounds (YAML; see docs/operations.md)")
+    run.add_argument("--leader-elect", action="store_true",
+                     help="act only while holding a Lease, so that several replicas never act at once")
+    run.add_argument("--lease-name", default=LEASE_NAME, help="name of the leader election Lease")
+    run.add_argument("--lease-namespace", default=None,
+                     help="namespace of the Lease (default: $POD_NAMESPACE, else the service account's namespace)")
+    run.add_argument("--identity", default=None, help="this replica's identity in the Lease (default: $POD_NAME)")
+    run.add_argument("--lease-duration", type=float, default=15.0, help="seconds a Lease holds without renewal")
+    run.add_argument("--renew-deadline", type=float, default=10.0,
+                     help="seconds the leader keeps acting without a successful renewal")
+    run.add_argument("--retry-period", type=float, default=2.0, help="seconds between Lease attempts")
     run.add_argument("-v", "--verbose", action="store_true")
     run.add_argument("--log-json", action="store_true", help="log as JSON lines")
     run.set_defaults(func=_cmd_run)

@@ -46,6 +46,19 @@ MODEL_MOUNT: Final = "/models"
 TMP_MOUNT: Final = "/tmp"
 API_KEY_DIR: Final = "/var/run/secrets/cosyvoice"
 API_KEY_FILE: Final = f"{API_KEY_DIR}/api-key"
+# Environment the operator renders (or that would override what it renders: COSYVOICE_API_KEY wins over the
+# key file): a CosyVoiceService's spec.env may not set these. The CRD repeats the list in a CEL rule (tested).
+OPERATOR_ENV: Final = (
+    "HOME", "COSYVOICE_HOST", "COSYVOICE_PORT", "COSYVOICE_DEVICE", "COSYVOICE_PRECISION",
+    "COSYVOICE_SERVED_MODEL_NAME", "COSYVOICE_MAX_BATCH_SIZE", "COSYVOICE_MAX_QUEUE_DELAY_MS",
+    "COSYVOICE_MAX_QUEUE_SIZE", "COSYVOICE_REQUEST_TIMEOUT_S", "COSYVOICE_DRAIN_TIMEOUT_S", "COSYVOICE_MODEL_DIR",
+    "COSYVOICE_GPU_MEM_LIMIT_BYTES", "COSYVOICE_API_KEY_FILE", "COSYVOICE_API_KEY",
+)
+
+# A Secret a CosyVoiceService names (API key, storage credentials, env secretKeyRef) must be in the
+# service's namespace and carry this label: its owner opts in to having CosyVoiceServices use it.
+SECRET_OPT_IN_LABEL: Final = f"{GROUP}/allow-reference"
+SECRET_OPT_IN_VALUE: Final = "true"
 
 # NVIDIA device plugin / GPU feature discovery names.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -61,3 +74,6 @@ COND_DEGRADED: Final = "Degraded"
 COND_CAPACITY: Final = "CapacityAvailable"
 COND_DEMO_MODEL: Final = "DemoModel"  # True: no spec.storage, the bundled random-weight model is served
 CONDITION_TYPES: Final = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_CAPACITY, COND_DEMO_MODEL)
+
+# Leader election: the Lease held by the one operator replica that acts (the others wait).
+LEASE_NAME: Final = MANAGER

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import kopf
 
+from . import admin
 from .constants import GROUP, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
 from .autoscaling.controller import Autoscaler, post_event
 from .kube import ApiError, Kube
@@ -79,10 +80,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     configure(settings)
     if memo.get("kube") is None:
         memo.kube = Kube.from_environment()
-    memo.reconciler = Reconciler(memo.kube, record=_recorder(memo.kube), cluster_domain=memo.get("cluster_domain", "cluster.local"))
+    policy = memo.get("policy") or admin.AdminPolicy()
+    memo.reconciler = Reconciler(memo.kube, record=_recorder(memo.kube),
+                                 cluster_domain=memo.get("cluster_domain", "cluster.local"), policy=policy)
+    # After a restart (runtime.operate) the previous run's loops died with its event loop: start afresh.
     memo.last_resync = None
     memo.resync_task = asyncio.create_task(_resync_forever(memo))
-    memo.autoscaler = Autoscaler(memo.kube)  # posts its events itself: it runs outside handlers
+    memo.autoscaler = Autoscaler(memo.kube, policy=policy)  # posts its events itself: it runs outside handlers
     memo.autoscale_due = {}  # (namespace, name) -> loop time of the next evaluation
     memo.autoscale_task = asyncio.create_task(_autoscale_forever(memo))
 

@@ -23,6 +23,8 @@ from .constants import API_VERSION, KIND, PLURAL
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# Metadata only: the operator checks a Secret's labels without ever receiving its data.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 TRANSIENT_STATUSES = frozenset({0, 408, 409, 429, 500, 502, 503, 504})
 
 
@@ -53,6 +55,8 @@ PDBS = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SERVICE_MONITORS = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
 PODS = Resource("v1", "Pod", "pods")
 NODES = Resource("v1", "Node", "nodes", namespaced=False)
+SECRETS = Resource("v1", "Secret", "secrets")
+LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 _BY_KIND = {(r.api_version, r.kind): r for r in (COSYVOICESERVICES, DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS,
                                                  PODS, NODES)}
 
@@ -120,8 +124,8 @@ class Kube:
         self.api.close()  # type: ignore[no-untyped-call]
 
     def request(self, method: str, path: str, *, body: Any = None, query: Mapping[str, str] | None = None,
-                content_type: str = "application/json") -> Obj | None:
-        headers = {"Accept": "application/json"}
+                content_type: str = "application/json", accept: str = "application/json") -> Obj | None:
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         try:
@@ -144,6 +148,14 @@ class Kube:
             return self.request("GET", res.path(namespace, name))
         except NotFound:
             return None
+
+    def get_metadata(self, res: Resource, namespace: str | None, name: str) -> Obj | None:
+        """The object's metadata only (``PartialObjectMetadata``); None when it does not exist."""
+        try:
+            obj = self.request("GET", res.path(namespace, name), accept=METADATA_ONLY) or {}
+        except NotFound:
+            return None
+        return {"metadata": obj.get("metadata") or {}}  # never keep more, whatever the server sent
 
     def list(self, res: Resource, namespace: str | None = None, labels: Mapping[str, str] | None = None) -> list[Obj]:
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else None

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import apply, capacity, kube, render
-from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER
+from . import admin, apply, capacity, kube, render
+from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, SECRET_OPT_IN_LABEL, \
+    SECRET_OPT_IN_VALUE
 from .spec import CosyVoiceServiceSpec, InvalidSpec, UnknownField, check_name, parse_spec, unknown_fields
 from .status import Condition, Observed, conditions_for, invalid_conditions, parse_conditions, render_conditions, \
     status_body, transitions
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 class ChildConflict(InvalidSpec):
     """A child's name is taken by an object this CosyVoiceService does not own."""
+
+
+class SecretNotAllowed(InvalidSpec):
+    """The spec names a Secret whose owner has not opted in to CosyVoiceServices using it."""
 
 
 def _no_events(obj: Obj, type_: str, reason: str, message: str) -> None:
@@ -71,8 +76,10 @@ def _ours_by_labels(obj: Obj, name: str) -> bool:
 
 
 class Reconciler:
-    def __init__(self, client: kube.Kube, record: Recorder = _no_events, cluster_domain: str = "cluster.local") -> None:
+    def __init__(self, client: kube.Kube, record: Recorder = _no_events, cluster_domain: str = "cluster.local",
+                 policy: admin.AdminPolicy | None = None) -> None:
         self.kube = client
+        self.policy = policy or admin.AdminPolicy()
         self.record = record
         self.cluster_domain = cluster_domain
         self._guard = threading.Lock()
@@ -161,6 +168,8 @@ class Reconciler:
             spec = parse_spec(cr.get("spec"))
             check_applied_manifest(cr)
             rendered = render.render(owner, spec)
+            admin.check_bounds(spec, render.container_resources(spec).get("limits") or {}, self.policy.bounds)
+            self._check_secrets(owner, rendered)
             actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
         except InvalidSpec as exc:
             self._record_invalid(cr, exc, previous, previous_status, generation)
@@ -185,6 +194,28 @@ class Reconciler:
             gpu_resource=spec.gpu.resource if spec.gpu else None)
         self._patch_status(owner, status, previous_status)
         return Result(status=status, actions=actions)
+
+    def _check_secrets(self, owner: render.Owner, rendered: render.Rendered) -> None:
+        """Every Secret the pods would read is in the service's namespace (pods cannot reach others) and
+        opted in by its owner's label; the operator reads only the Secrets' metadata to check."""
+        dep = rendered.get("Deployment") or {}
+        problems: list[str] = []
+        for where, name in render.secrets_used(dep["spec"]["template"]["spec"]):
+            try:
+                secret = self.kube.get_metadata(kube.SECRETS, owner.namespace, name)
+            except kube.ApiError as exc:
+                if exc.status != 403:
+                    raise
+                problems.append(f"Secret {name} ({where}): the operator may not check it: {exc.message or exc.reason}")
+                continue
+            if secret is None:
+                problems.append(f"Secret {name} ({where}) does not exist in namespace {owner.namespace}")
+            elif (secret["metadata"].get("labels") or {}).get(SECRET_OPT_IN_LABEL) != SECRET_OPT_IN_VALUE:
+                problems.append(f"Secret {name} ({where}) is not labelled {SECRET_OPT_IN_LABEL}={SECRET_OPT_IN_VALUE}"
+                                f" (its owner opts in with: kubectl label secret {name} -n {owner.namespace} "
+                                f"{SECRET_OPT_IN_LABEL}={SECRET_OPT_IN_VALUE})")
+        if problems:
+            raise SecretNotAllowed("; ".join(dict.fromkeys(problems)))
 
     def _ensure(self, cr: Obj, owner: render.Owner, desired: Obj) -> str | None:
         """Create the child or patch it towards ``desired``; a short description of what was done."""

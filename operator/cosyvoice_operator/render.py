@@ -123,7 +123,7 @@ def gpu_memory_limit_bytes(spec: CosyVoiceServiceSpec) -> int | None:
 
 
 def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
-    """The server's configuration; entries in ``spec.env`` override these by name."""
+    """The server's configuration, then ``spec.env`` (which may not name these: spec.EnvVar checks it)."""
     batching, shutdown = spec.batching, spec.shutdown
     settings: dict[str, object] = {
         "host": "0.0.0.0",
@@ -147,10 +147,7 @@ def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
     # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
     values = {"HOME": TMP_MOUNT, **{setting_env(name): str(value) for name, value in settings.items()}}
     env: list[Obj] = [{"name": k, "value": v} for k, v in values.items()]
-    for user in spec.env:
-        item = user.model_dump(by_alias=True, exclude_none=True)
-        env = [e for e in env if e["name"] != user.name] + [item]
-    return env
+    return env + [user.model_dump(by_alias=True, exclude_none=True) for user in spec.env]
 
 
 def container_resources(spec: CosyVoiceServiceSpec) -> Obj:
@@ -393,6 +390,30 @@ def service_monitor(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
             }],
         },
     }
+
+
+def secrets_used(pod: Obj) -> list[tuple[str, str]]:
+    """(where, Secret name) for every Secret a rendered pod reads: volumes, env and envFrom.
+
+    Derived from the pod itself so that no way of naming a Secret is missed. ``imagePullSecrets`` are
+    not included: the kubelet sends a pull secret's credentials only to the registry they are for.
+    """
+    found: list[tuple[str, str]] = []
+    for vol in pod.get("volumes") or []:
+        if (vol.get("secret") or {}).get("secretName"):
+            found.append((f"volume {vol['name']}", vol["secret"]["secretName"]))
+        for source in (vol.get("projected") or {}).get("sources") or []:
+            if (source.get("secret") or {}).get("name"):
+                found.append((f"volume {vol['name']}", source["secret"]["name"]))
+    for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        for env in container.get("env") or []:
+            ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
+            if ref.get("name"):
+                found.append((f"env {env['name']} of container {container['name']}", ref["name"]))
+        for source in container.get("envFrom") or []:
+            if (source.get("secretRef") or {}).get("name"):
+                found.append((f"envFrom of container {container['name']}", source["secretRef"]["name"]))
+    return found
 
 
 def render(owner: Owner, spec: CosyVoiceServiceSpec) -> Rendered:

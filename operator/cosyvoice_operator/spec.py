@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from . import mig
-from .constants import DEFAULT_IMAGE
+from .constants import DEFAULT_IMAGE, OPERATOR_ENV
 from .server_settings import cr_field
 
 QUANTITY_RE = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -129,6 +129,7 @@ class ScalingRules(_Model):
 
 
 class PrometheusSource(_Model):
+    """Deprecated: the URL selects the administrator's metrics source with the same URL (admin.resolve_source)."""
     url: str = Field(pattern=r"^https?://\S+$", max_length=2048)
     bearer_token_secret: SecretKeyRef | None = None
     insecure_skip_verify: bool = False
@@ -171,6 +172,8 @@ class Autoscaling(_Model):
     scale_up: ScalingRules | None = None
     scale_down: ScalingRules | None = None
     interval_seconds: int = Field(default=15, ge=1, le=3600)
+    # A metrics source defined by the operator's administrator (admin.py); None: the default source.
+    metrics_source: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     prometheus: PrometheusSource | None = None
     queries: QueryOverrides | None = None
     fallback: Fallback | None = None
@@ -220,10 +223,30 @@ class Resources(_Model):
         return self
 
 
+class KeySelector(_Model):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+    optional: bool | None = None
+
+
+class EnvVarSource(_Model):
+    secret_key_ref: KeySelector | None = None
+    config_map_key_ref: KeySelector | None = None
+    field_ref: dict[str, Any] | None = None
+    resource_field_ref: dict[str, Any] | None = None
+
+
 class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=256)
     value: str | None = None
-    value_from: dict[str, Any] | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _not_the_operators(self) -> EnvVar:
+        if self.name in OPERATOR_ENV:
+            raise ValueError(f"{self.name} is set by the operator and cannot be overridden "
+                             f"(reserved: {', '.join(OPERATOR_ENV)})")
+        return self
 
 
 class Toleration(_Model):

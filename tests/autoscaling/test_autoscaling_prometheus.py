@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from cosyvoice_operator.admin import AdminPolicy
 from cvs_crdschema import openapi_schema, to_jsonschema
 from cvs_testkit import CVS_PATH, CVS_RESOURCE, Emulator, eventually, run_operator
 
@@ -84,7 +85,9 @@ async def test_scales_up_on_real_metrics_then_holds_when_prometheus_stops(
                 # no scale-down window: only the missing metrics can keep the replicas up at the end
                 "scaleDown": {"stabilizationWindowSeconds": 0},
                 "prometheus": {"url": prom.url}}}}
-    async with run_operator():
+    # the legacy prometheus.url selects the administrator's source with that address
+    sources = AdminPolicy.model_validate({"metricsSources": {"local": {"url": prom.url}}})
+    async with run_operator(policy=sources):
         async with cluster.post(CVS_PATH.format(ns=NS), json=body) as resp:
             assert resp.status in (200, 201), await resp.text()
         with Load(server.url) as load:

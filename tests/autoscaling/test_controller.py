@@ -2,11 +2,12 @@
 what it writes, and where."""
 from __future__ import annotations
 
-import base64
+from pathlib import Path
 from typing import Any
 
+from cosyvoice_operator import admin
 from cosyvoice_operator import kube
-from cosyvoice_operator.autoscaling.controller import SECRETS, Autoscaler
+from cosyvoice_operator.autoscaling.controller import Autoscaler
 from cosyvoice_operator.autoscaling.prometheus import QueryFailed, build_queries
 
 Obj = dict[str, Any]
@@ -35,18 +36,22 @@ def service(**auto: Any) -> Obj:
     return {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
             "metadata": {"name": "tts", "namespace": "speech", "uid": "u1"},
             "spec": {"replicas": 2, "autoscaling": {"enabled": True, "maxReplicas": 8, "targetQPSPerReplica": 5,
-                                                    "prometheus": {"url": "https://prom:9090",
-                                                                   "bearerTokenSecret": {"name": "prom", "key": "t"}},
-                                                    **auto}}}
+                                                    "metricsSource": "main", **auto}}}
+
+
+def policy(tmp_path: Path) -> admin.AdminPolicy:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    return admin.AdminPolicy.model_validate({"metricsSources": {"main": {
+        "url": "https://prom:9090", "bearerTokenFile": str(token)}}})
 
 
 def vec(value: float) -> list[Obj]:
     return [{"metric": {}, "value": [0, str(value)]}]
 
 
-def test_scales_through_the_scale_subresource_with_the_secret_token() -> None:
+def test_scales_through_the_scale_subresource_with_the_sources_token(tmp_path: Path) -> None:
     api = FakeKube({("cosyvoiceservices", "tts"): service(),
-                    ("secrets", "prom"): {"data": {"t": base64.b64encode(b"s3cret\n").decode()}},
                     ("deployments", "tts"): {"status": {"readyReplicas": 2}}})
     seen: dict[str, Any] = {}
     queries = build_queries("speech", "tts")
@@ -55,7 +60,8 @@ def test_scales_through_the_scale_subresource_with_the_secret_token() -> None:
         seen.update(kw, url=url)
         return lambda q: vec(30.0) if q == queries["qps"] else vec(1.0) if q == queries["targets_up"] else []
 
-    decision = Autoscaler(api, connect=connect, clock=lambda: 100.0).evaluate("speech", "tts")  # type: ignore[arg-type]
+    decision = Autoscaler(api, connect=connect, clock=lambda: 100.0,  # type: ignore[arg-type]
+                          policy=policy(tmp_path)).evaluate("speech", "tts")
     assert seen["url"] == "https://prom:9090" and seen["token"] == "s3cret"
     assert decision is not None and decision.desired == 6
     assert ("cosyvoiceservices", "scale", {"spec": {"replicas": 6}}) in api.patches
@@ -67,24 +73,30 @@ def test_scales_through_the_scale_subresource_with_the_secret_token() -> None:
     (event,) = api.created
     assert event["reason"] == "SuccessfulRescale" and event["involvedObject"]["uid"] == "u1"
     assert event["message"].startswith("New size: 6; reason: ScaleUp")
-    assert SECRETS.path("speech", "prom") == "/api/v1/namespaces/speech/secrets/prom"
 
 
-def test_missing_secret_or_failing_prometheus_hold_and_report() -> None:
-    api = FakeKube({("cosyvoiceservices", "tts"): service()})
-    decision = Autoscaler(api, connect=lambda *a, **k: None).evaluate("speech", "tts")  # type: ignore[arg-type]
-    assert decision is not None and decision.desired == 2 and decision.reason == "MetricsUnavailable"
+def test_no_metrics_source_holds_and_says_so(tmp_path: Path) -> None:
+    """autoscaling.enabled without a source the administrator defined: replicas held, a condition and an
+    event that say what to set, and no query anywhere."""
+    api = FakeKube({("cosyvoiceservices", "tts"): service(metricsSource=None)})
+    connected: list[Any] = []
+    decision = Autoscaler(api, connect=lambda *a, **k: connected.append(a),  # type: ignore[arg-type]
+                          policy=policy(tmp_path)).evaluate("speech", "tts")
+    assert decision is not None and decision.desired == 2 and connected == []
     assert not [p for r, sub, p in api.patches if sub == "scale"]
     (status,) = [p for r, sub, p in api.patches if sub == "status"]
     active = {c["type"]: c for c in status["status"]["autoscaling"]["conditions"]}["ScalingActive"]
-    assert active["status"] == "False" and active["reason"] == "MetricsUnavailable"
-    assert "cannot read Prometheus credentials: Secret speech/prom not found" in active["message"]
-    assert [e["reason"] for e in api.created] == ["FailedGetMetrics"]
+    assert active["status"] == "False" and active["reason"] == "NoMetricsSource"
+    assert "set spec.autoscaling.metricsSource to one of: main" in active["message"]
+    assert [e["reason"] for e in api.created] == ["NoMetricsSource"]
 
+
+def test_failing_prometheus_holds_and_reports(tmp_path: Path) -> None:
     def down(q: str) -> Any:
         raise QueryFailed("ConnectionError: refused")
-    api2 = FakeKube({("cosyvoiceservices", "tts"): service(prometheus={"url": "http://prom:9090"})})
-    decision = Autoscaler(api2, connect=lambda *a, **k: down).evaluate("speech", "tts")  # type: ignore[arg-type]
+    api2 = FakeKube({("cosyvoiceservices", "tts"): service()})
+    decision = Autoscaler(api2, connect=lambda *a, **k: down,  # type: ignore[arg-type]
+                          policy=policy(tmp_path)).evaluate("speech", "tts")
     assert decision is not None and decision.desired == 2
     assert "Prometheus query failed: ConnectionError: refused" in decision.message
 

@@ -109,26 +109,28 @@ class Emulator(kmock.KubernetesEmulator):
 # --- cluster and operator -------------------------------------------------------------------------
 
 @contextlib.asynccontextmanager
-async def run_operator(namespaces: tuple[str, ...] = ("default",),
-                       resync_seconds: float = 3600.0) -> AsyncIterator[Any]:
-    """The real operator (all its kopf handlers), like kopf's KopfRunner: in a thread with its own loop.
+async def run_operator(namespaces: tuple[str, ...] = ("default",), resync_seconds: float = 3600.0,
+                       policy: Any = None) -> AsyncIterator[Any]:
+    """The real operator (all its kopf handlers, restarted after watch failures as ``cosyvoice-operator run``
+    does), like kopf's KopfRunner: in a thread with its own loop.
 
     A separate loop keeps kopf's shutdown from waiting on the emulator's open watch connections, and
     runs the operator the way it runs in production: beside, not inside, the API server.
     """
     import cosyvoice_operator.handlers  # noqa: F401  # registers the handlers
     import kopf
+    from cosyvoice_operator import runtime
 
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True  # no CRD/namespace discovery: the emulator serves fixed resources
     stop, ready = threading.Event(), threading.Event()
-    memo = kopf.Memo(namespaces=list(namespaces), resync_seconds=resync_seconds)
+    memo = kopf.Memo(namespaces=list(namespaces), resync_seconds=resync_seconds, policy=policy)
     failure: list[BaseException] = []
+    options = runtime.Options(namespaces=list(namespaces), resync_seconds=resync_seconds, restart_backoff=(0.2, 1.0))
 
     def target() -> None:
         try:
-            asyncio.run(kopf.operator(settings=settings, namespaces=list(namespaces), standalone=True,
-                                      stop_flag=stop, ready_flag=ready, memo=memo))
+            runtime.operate(options, memo, settings=settings, stop_flag=stop, ready_flag=ready)
         except BaseException as exc:  # surfaced in the test below
             failure.append(exc)
             ready.set()

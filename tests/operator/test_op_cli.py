@@ -66,7 +66,7 @@ def test_run_needs_a_scope() -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["run"])
     args = parser.parse_args(["run", "-n", "a", "-n", "b", "--liveness", "http://0.0.0.0:8080/healthz"])
-    assert args.namespace == ["a", "b"] and args.resync_seconds == 60.0 and args.peering is None
+    assert args.namespace == ["a", "b"] and args.resync_seconds == 60.0 and args.leader_elect is False
     assert parser.parse_args(["run", "-A"]).all_namespaces is True
 
 

@@ -157,7 +157,39 @@ INVALID: list[tuple[str, dict[str, Any] | None, str, str]] = [
     ("served-model-name", {**G, "servedModelName": "my model"}, "servedModelName", "servedModelName"),
     ("toleration-effect", {**G, "tolerations": [{"key": "k", "effect": "Never"}]}, "effect", "effect"),
     ("unknown-field", {**G, "gpus": 1}, "gpus", "gpus"),
+    # The operator's own variables cannot be replaced (auth, model, port) ...
+    ("env-api-key-file", {**G, "env": [{"name": "COSYVOICE_API_KEY_FILE", "value": "/dev/null"}]},
+     "may not set a variable the operator sets", "COSYVOICE_API_KEY_FILE is set by the operator"),
+    ("env-api-key", {**G, "env": [{"name": "COSYVOICE_API_KEY", "value": "known"}]},
+     "may not set a variable the operator sets", "COSYVOICE_API_KEY is set by the operator"),
+    ("env-model-dir", {**G, "env": [{"name": "COSYVOICE_MODEL_DIR", "value": "/tmp"}]},
+     "may not set a variable the operator sets", "COSYVOICE_MODEL_DIR is set by the operator"),
+    # ... and a valueFrom is one of the four Kubernetes sources, each with its fields.
+    ("env-value-from-unknown", {**G, "env": [{"name": "X", "valueFrom": {"secretRef": {"name": "s"}}}]},
+     "secretRef", "secretRef"),
+    ("env-secret-ref-without-key", {**G, "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s"}}}]},
+     "key", "key"),
+    ("metrics-source-name", {**G, "autoscaling": {"metricsSource": "My Prometheus"}},
+     "metricsSource", "metricsSource"),
 ]
+
+
+def test_the_crd_reserves_exactly_the_operators_env() -> None:
+    """The CEL rule repeats constants.OPERATOR_ENV, which must cover every variable the operator renders."""
+    import re
+    import yaml as _yaml
+
+    from cosyvoice_operator import render
+    from cosyvoice_operator.constants import OPERATOR_ENV
+    from cosyvoice_operator.spec import parse_spec
+
+    env = _yaml.safe_load(CRD_PATH.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"]["spec"]["properties"]["env"]
+    (rule,) = env["x-kubernetes-validations"]
+    assert tuple(re.findall(r"'([A-Z_]+)'", rule["rule"])) == OPERATOR_ENV
+    busiest = parse_spec({"gpu": {"migProfile": "1g.10gb"}, "storage": {"pvc": {"claimName": "m"}},
+                          "apiKeySecret": {"name": "k", "key": "k"}})
+    assert {e["name"] for e in render.server_env(busiest)} <= set(OPERATOR_ENV)
 
 
 @pytest.mark.parametrize("spec,crd_says,operator_says", [c[1:] for c in INVALID], ids=[c[0] for c in INVALID])

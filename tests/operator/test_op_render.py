@@ -7,7 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from cosyvoice_operator import render as r
-from cosyvoice_operator.spec import parse_spec
+from cosyvoice_operator.spec import InvalidSpec, parse_spec
 from cvs_testkit import EXAMPLES, K8S_VERSION, load_example
 
 Obj = dict[str, Any]
@@ -199,11 +199,29 @@ def test_server_configuration_is_passed_as_environment() -> None:
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
-def test_user_env_overrides_by_name_and_appends() -> None:
-    items = server({"env": [{"name": "COSYVOICE_HOST", "value": "::"}, {"name": "EXTRA", "value": "1"}]})["env"]
-    names = [i["name"] for i in items]
-    assert names.count("COSYVOICE_HOST") == 1 and names[-2:] == ["COSYVOICE_HOST", "EXTRA"]
-    assert {"name": "COSYVOICE_HOST", "value": "::"} in items
+def test_user_env_is_appended_after_the_operators() -> None:
+    items = server({"env": [{"name": "EXTRA", "value": "1"},
+                            {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})["env"]
+    assert items[-2:] == [{"name": "EXTRA", "value": "1"},
+                          {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+
+
+@pytest.mark.parametrize("name", ["COSYVOICE_API_KEY_FILE", "COSYVOICE_API_KEY", "COSYVOICE_HOST", "HOME"])
+def test_user_env_cannot_replace_the_operators(name: str) -> None:
+    """Otherwise COSYVOICE_API_KEY_FILE=/dev/null (or a known COSYVOICE_API_KEY) would switch off the key
+    the administrator of the namespace put in spec.apiKeySecret."""
+    with pytest.raises(InvalidSpec, match=f"{name} is set by the operator and cannot be overridden"):
+        parse_spec({"apiKeySecret": {"name": "k", "key": "k"}, "env": [{"name": name, "value": "/dev/null"}]})
+
+
+def test_every_secret_the_pod_reads_is_listed() -> None:
+    spec = {"apiKeySecret": {"name": "key", "key": "k"},
+            "storage": {"storageUri": "s3://b/m.tar.gz", "credentialsSecret": {"name": "s3"}},
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}],
+            "imagePullSecrets": [{"name": "pull"}]}
+    found = r.secrets_used(pod(spec))
+    assert found == [("volume api-key", "key"), ("envFrom of container fetch-model", "s3"),
+                     ("env X of container server", "other")]
 
 
 def test_api_key_secret_is_mounted_as_the_file_the_server_reads() -> None:

@@ -9,7 +9,6 @@ scale subresource instead. Measurements, the decision and HPA-like conditions go
 """
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import apply, kube
+from .. import admin, apply, kube
 from ..spec import InvalidSpec, parse_spec
 from ..status import now_iso
 from . import prometheus
@@ -26,7 +25,6 @@ from .policy import Decision, History, Metrics, Settings, decide
 Obj = dict[str, Any]
 Recorder = Callable[[Obj, str, str, str], None]
 QueryFactory = Callable[..., prometheus.Query]
-SECRETS = kube.Resource("v1", "Secret", "secrets")
 EVENTS = kube.Resource("v1", "Event", "events")
 DEPLOYMENTS = kube.DEPLOYMENTS
 log = logging.getLogger(__name__)
@@ -38,16 +36,6 @@ class _State:
     history: History = field(default_factory=History)
     last: Decision | None = None
     interval: float = 15.0
-
-
-def _secret_value(client: kube.Kube, namespace: str, ref: Any) -> str:
-    secret = client.get(SECRETS, namespace, ref.name)
-    if secret is None:
-        raise LookupError(f"Secret {namespace}/{ref.name} not found")
-    raw = (secret.get("data") or {}).get(ref.key)
-    if raw is None:
-        raise LookupError(f"Secret {namespace}/{ref.name} has no key {ref.key!r}")
-    return base64.b64decode(raw).decode().strip()
 
 
 def post_event(client: kube.Kube, cr: Obj, type_: str, reason: str, message: str) -> None:
@@ -82,8 +70,9 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 class Autoscaler:
     def __init__(self, client: kube.Kube, record: Recorder | None = None, connect: QueryFactory = prometheus.connect,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, policy: admin.AdminPolicy | None = None) -> None:
         self.kube = client
+        self.policy = policy or admin.AdminPolicy()
         self.record: Recorder = record or (lambda cr, t, r, m: post_event(client, cr, t, r, m))
         self.connect = connect
         self.clock = clock
@@ -149,22 +138,24 @@ class Autoscaler:
         return decision
 
     def _read(self, namespace: str, auto: Any, queries: dict[str, str]) -> prometheus.Reading:
-        if auto.prometheus is None:
-            return prometheus.Reading(Metrics(error="spec.autoscaling.prometheus.url is not set"), queries)
-        src = auto.prometheus
+        found = admin.resolve_source(self.policy, namespace, auto)
+        if isinstance(found, admin.SourceError):
+            return prometheus.Reading(Metrics(error=found.message), queries, reason=found.reason)
+        name, src = found
         try:
-            token = _secret_value(self.kube, namespace, src.bearer_token_secret) if src.bearer_token_secret else None
-            ca = _secret_value(self.kube, namespace, src.ca_secret) if src.ca_secret else None
-        except (LookupError, kube.ApiError, ValueError) as exc:
-            return prometheus.Reading(Metrics(error=f"cannot read Prometheus credentials: {exc}"), queries)
-        query = self.connect(src.url, token=token, insecure_skip_verify=src.insecure_skip_verify, ca_pem=ca)
+            token = src.bearer_token_file.read_text().strip() if src.bearer_token_file else None
+        except OSError as exc:  # a mounted Secret the administrator named is missing: say so, never crash
+            return prometheus.Reading(Metrics(error=f"metrics source {name!r}: cannot read its bearer token: {exc}"),
+                                      queries)
+        query = self.connect(src.url, token=token, insecure_skip_verify=src.insecure_skip_verify,
+                             ca_file=str(src.ca_file) if src.ca_file else None)
         return prometheus.read(query, queries)
 
     def _write_status(self, cr: Obj, namespace: str, name: str, d: Decision, reading: prometheus.Reading,
                       previous: Obj, stamp: str, current: int) -> None:
         m = reading.metrics
         old_conditions = previous.get("conditions") or []
-        active_reason = "ValidMetricFound" if d.metrics_ok else "MetricsUnavailable"
+        active_reason = "ValidMetricFound" if d.metrics_ok else reading.reason or "MetricsUnavailable"
         active_message = ("the proportional signal was read from Prometheus" if d.metrics_ok
                           else f"{m.error or d.message}; replicas are held" +
                           (" (fallback applies after repeated failures)" if d.reason == "FallbackReplicas" else ""))
@@ -176,8 +167,9 @@ class Autoscaler:
                        old_conditions, stamp),
         ]
         was_active = next((c.get("status") for c in old_conditions if c.get("type") == "ScalingActive"), None)
-        if was_active != "False" and not d.metrics_ok:
-            self.record(cr, "Warning", "FailedGetMetrics", active_message)
+        was_reason = next((c.get("reason") for c in old_conditions if c.get("type") == "ScalingActive"), None)
+        if not d.metrics_ok and (was_active != "False" or (reading.reason and was_reason != reading.reason)):
+            self.record(cr, "Warning", reading.reason or "FailedGetMetrics", active_message)
         elif was_active == "False" and d.metrics_ok:
             self.record(cr, "Normal", "MetricsAvailable", "metrics are available again; autoscaling resumed")
         body: Obj = {

@@ -24,13 +24,9 @@ A query override in ``spec.autoscaling.queries`` may use ``$selector``: it is re
 """
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .policy import Metrics
@@ -88,26 +84,19 @@ class QueryFailed(Exception):
 Query = Callable[[str], list[dict[str, Any]]]
 
 
-def _ca_file(pem: str) -> str:
-    """The CA bundle as a file for requests, one per distinct content (evaluations reuse it)."""
-    path = Path(tempfile.gettempdir()) / f"cosyvoice-prometheus-ca-{hashlib.sha256(pem.encode()).hexdigest()[:16]}.pem"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(pem)
-        tmp.replace(path)
-    return str(path)
-
-
 def connect(url: str, *, token: str | None = None, insecure_skip_verify: bool = False,
-            ca_pem: str | None = None, timeout: float = 5.0) -> Query:
-    """A ``custom_query`` function of prometheus-api-client, failing fast (one retry, short timeout)."""
+            ca_file: str | None = None, timeout: float = 5.0) -> Query:
+    """A ``custom_query`` function of prometheus-api-client, failing fast (one retry, short timeout).
+
+    ``url``, ``token`` and ``ca_file`` come from a metrics source the cluster administrator defined
+    (``admin.MetricsSource``), never from a CosyVoiceService."""
     import requests
     from prometheus_api_client import PrometheusConnect
     from urllib3.util.retry import Retry
 
     session = requests.Session()
-    if ca_pem:
-        session.verify = _ca_file(ca_pem)
+    if ca_file:
+        session.verify = ca_file
     headers = {"Authorization": f"Bearer {token}"} if token else None
     client = PrometheusConnect(url=url, headers=headers, disable_ssl=insecure_skip_verify, session=session,
                                retry=Retry(total=1, backoff_factor=0.2, status_forcelist=(502, 503, 504)),
@@ -139,6 +128,7 @@ def _scalar(result: list[dict[str, Any]]) -> float | None:
 class Reading:
     metrics: Metrics
     queries: dict[str, str]
+    reason: str | None = None  # a condition reason when no query could be made (e.g. NoMetricsSource)
 
 
 def read(query: Query, queries: dict[str, str]) -> Reading:
