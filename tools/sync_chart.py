@@ -57,6 +57,7 @@ def chart_rules() -> str:
         "cluster": permissions.rules("cluster"),
         "namespaced": permissions.rules("namespaced", cluster_wide=False),
         "clusterWide": permissions.rules("namespaced", cluster_wide=True),
+        "ownNamespace": permissions.rules(own_namespace=True),
     })
 
 
@@ -73,9 +74,17 @@ def deploy_rbac() -> str:
          "metadata": {"name": MANAGER, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": MANAGER},
          "subjects": [{"kind": "ServiceAccount", "name": MANAGER, "namespace": ns}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": MANAGER, "namespace": ns, "labels": labels},
+         "rules": permissions.rules(own_namespace=True)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": MANAGER, "namespace": ns, "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": MANAGER},
+         "subjects": [{"kind": "ServiceAccount", "name": MANAGER, "namespace": ns}]},
     ]
     head = (GENERATED + "# Identity and permissions of the CosyVoice operator watching all namespaces (the Helm chart\n"
-            "# also has a namespaced mode). Nodes and pods are listed cluster-wide for the GPU capacity check.\n")
+            "# also has a namespaced mode). Nodes and pods are listed cluster-wide for the GPU capacity check;\n"
+            "# the Role in cosyvoice-system holds the leader election Lease.\n")
     return head + "---\n".join(_dump(d) for d in docs)
 
 

@@ -30,12 +30,15 @@ class Permission:
     ``cluster_wide`` rules can only be granted by a ClusterRole: cluster-scoped resources (nodes, CRDs,
     namespaces) and lists across all namespaces (pods on GPU nodes, for the capacity check). A
     namespaced install therefore still binds a small read-only ClusterRole for them.
+    ``own_namespace`` rules are needed only in the operator's own namespace (its leader election Lease):
+    a Role there, in every install mode.
     """
     api_group: str
     resource: str
     verbs: tuple[Verb, ...]
     why: str
     cluster_wide: bool = False
+    own_namespace: bool = False
 
 
 PERMISSIONS: Final[tuple[Permission, ...]] = (
@@ -56,8 +59,9 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     Permission("", "pods", ("get", "list", "watch"), "report failing inference pods in status"),
     # GPU capacity: MIG slices already held by pods in any namespace.
     Permission("", "pods", ("list",), "count GPU/MIG slices held by all pods", cluster_wide=True),
-    # The autoscaler reads the Prometheus credentials a CosyVoiceService names (spec.autoscaling.prometheus).
-    Permission("", "secrets", ("get",), "autoscaler: Prometheus bearer token / basic auth"),
+    # A Secret a CosyVoiceService's pods would read must carry the opt-in label: the operator reads its
+    # metadata only (never its data; metrics credentials are files mounted into the operator's pod).
+    Permission("", "secrets", ("get",), "check the opt-in label of Secrets a CosyVoiceService names (metadata)"),
     # kopf posts Kubernetes events about handler outcomes.
     Permission("", "events", ("create",), "kopf's events on CosyVoiceServices"),
     # Cluster-scoped: GPU capacity (allocatable MIG slices) and kopf's resource/namespace discovery.
@@ -66,18 +70,26 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
                "kopf discovers the CosyVoiceService resource", cluster_wide=True),
     Permission("", "namespaces", ("get", "list", "watch"), "kopf follows namespaces as they appear",
                cluster_wide=True),
+    # Leader election among operator replicas: one Lease in the operator's own namespace.
+    Permission("coordination.k8s.io", "leases", ("get", "create", "patch"), "leader election (one Lease)",
+               own_namespace=True),
 )
 
 
-def rules(scope: Scope = "cluster", *, cluster_wide: bool | None = None) -> list[dict[str, Any]]:
+def rules(scope: Scope = "cluster", *, cluster_wide: bool | None = None,
+          own_namespace: bool = False) -> list[dict[str, Any]]:
     """RBAC ``rules`` for a Role or ClusterRole, merged per (apiGroup, resource).
 
-    ``scope="cluster"``: everything (the operator watches all namespaces). ``scope="namespaced"`` drops
-    namespace discovery (the namespaces are listed explicitly). ``cluster_wide`` filters further:
-    True → only the rules a ClusterRole must hold, False → only the per-namespace ones (a Role).
+    ``scope="cluster"``: everything for the watched namespaces (the operator watches all of them).
+    ``scope="namespaced"`` drops namespace discovery (the namespaces are listed explicitly).
+    ``cluster_wide`` filters further: True → only the rules a ClusterRole must hold, False → only the
+    per-namespace ones (a Role). ``own_namespace=True``: only the rules of the Role in the operator's
+    own namespace (which the others never include).
     """
     merged: dict[tuple[str, str], set[str]] = {}
     for p in PERMISSIONS:
+        if p.own_namespace != own_namespace:
+            continue
         if scope == "namespaced" and p.resource == "namespaces":
             continue
         if cluster_wide is not None and p.cluster_wide != cluster_wide:

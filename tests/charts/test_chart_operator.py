@@ -41,12 +41,14 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_35(rendered: dict[str, 
 def test_defaults_install_the_crd_the_operator_and_cluster_wide_rbac(rendered: dict[str, list[Obj]]) -> None:
     docs = rendered["defaults"]
     assert sorted(d["kind"] for d in docs) == sorted(
-        ["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"])
+        ["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
+         "ConfigMap", "Role", "RoleBinding"])
     (crd,) = of_kind(docs, "CustomResourceDefinition")
     assert crd == yaml.safe_load((ROOT / "crds" / "cosyvoiceservice.yaml").read_text())
     (dep,) = of_kind(docs, "Deployment")
     assert dep["metadata"]["namespace"] == "cosyvoice-system"
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    # leader election: a new pod waits for the Lease, so a rolling update never has two operators acting
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "RollingUpdate"}
     pod = dep["spec"]["template"]["spec"]
     (sa,) = of_kind(docs, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
@@ -58,7 +60,7 @@ def test_defaults_install_the_crd_the_operator_and_cluster_wide_rbac(rendered: d
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     probe = container["livenessProbe"]["httpGet"]
     args = build_parser().parse_args(container["args"])
-    assert args.command == "run" and args.all_namespaces and not args.namespace
+    assert args.command == "run" and args.all_namespaces and not args.namespace and args.leader_elect
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])
     assert args.liveness == f"http://0.0.0.0:{port}/healthz" and probe["path"] == "/healthz"
 
@@ -68,8 +70,10 @@ def test_namespaced_mode_watches_only_the_listed_namespaces(rendered: dict[str, 
     (dep,) = of_kind(docs, "Deployment")
     args = build_parser().parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"])
     assert not args.all_namespaces and args.namespace == ["tts-a", "tts-b"]
-    assert sorted(r["metadata"]["namespace"] for r in of_kind(docs, "Role")) == ["tts-a", "tts-b"]
-    assert sorted(b["metadata"]["namespace"] for b in of_kind(docs, "RoleBinding")) == ["tts-a", "tts-b"]
+    # the two watched namespaces, and the operator's own for its Lease
+    assert sorted(r["metadata"]["namespace"] for r in of_kind(docs, "Role")) == ["cosyvoice-system", "tts-a", "tts-b"]
+    assert sorted(b["metadata"]["namespace"] for b in of_kind(docs, "RoleBinding")) == \
+        ["cosyvoice-system", "tts-a", "tts-b"]
     for binding in of_kind(docs, "RoleBinding"):
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"][0]["namespace"] == "cosyvoice-system"
@@ -93,8 +97,9 @@ def test_monitoring_objects_need_the_prometheus_operator_api(rendered: dict[str,
     without_api = {d["kind"] for d in rendered["monitoring-without-api"]}
     assert {"PodMonitor", "PrometheusRule"} <= with_api
     assert not without_api & MONITORING_KINDS
-    # The dashboard and kube-state-metrics config are plain ConfigMaps: rendered either way.
-    assert len(of_kind(rendered["monitoring-without-api"], "ConfigMap")) == 2
+    # The dashboard and kube-state-metrics config are plain ConfigMaps: rendered either way (with the
+    # operator's own configuration).
+    assert len(of_kind(rendered["monitoring-without-api"], "ConfigMap")) == 3
     values, _ = VALUE_SETS["monitoring-without-api"]
     notes = helm.run("install", "cv", str(OPERATOR_CHART), "--dry-run=client", "-n", "cosyvoice-system",
                      values=values).stdout
@@ -126,16 +131,64 @@ def test_pod_monitor_scrapes_the_operators_inference_pods(rendered: dict[str, li
     ({"watch": {"allNamespaces": False, "namespaces": ["Not_A_Namespace"]}}, "namespaces"),
     ({"resources": {"limits": {"memory": "lots"}}}, "memory"),
     ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
-    ({"replicaCount": 2}, "replicaCount"),
+    ({"replicas": 2}, "replicas"),
+    ({"metricsSources": {"prom": {"url": "prometheus:9090"}}}, "url"),
+    ({"metricsSources": {"prom": {"url": "http://p:9090", "bearerTokenSecret": {"name": "t"}}}}, "key"),
+    ({"bounds": {"allowedImageRegistries": ["ghcr.io/x:latest"]}}, "allowedImageRegistries"),
     ({"monitoring": {"prometheusRule": {"errorRatio": 5}}}, "errorRatio"),
     ({"monitoring": {"prometheusRule": {"latencyFor": "ten minutes"}}}, "latencyFor"),
     ({"monitoring": {"dashboards": {"enabled": True}}}, "dashboards"),
 ], ids=["wrong-type", "namespaced-without-namespaces", "bad-namespace", "bad-quantity", "bad-enum",
-        "unknown-key", "ratio-above-1", "bad-duration", "unknown-nested-key"])
+        "unknown-key", "source-url", "source-secret-without-key", "registry-with-tag", "ratio-above-1",
+        "bad-duration", "unknown-nested-key"])
 def test_schema_rejects_wrong_values(helm: Helm, values: Obj, message: str) -> None:
     done = helm.template(OPERATOR_CHART, values, check=False)
     assert done.returncode != 0, f"accepted {values}"
     assert message in done.stderr, done.stderr
+
+
+def test_admin_settings_reach_the_operator_with_mounted_credentials(helm: Helm, tmp_path: Any) -> None:
+    """metricsSources and bounds become the file `run --config` reads; a source's Secrets are mounted at
+    the paths that file names (the operator never reads them through the API)."""
+    from cosyvoice_operator import admin
+
+    docs = helm.render(OPERATOR_CHART, {
+        "replicaCount": 2,
+        "metricsSources": {"cluster": {"url": "https://prom.monitoring.svc:9090",
+                                       "bearerTokenSecret": {"name": "prom-reader", "key": "token"},
+                                       "caSecret": {"name": "prom-ca", "key": "ca.crt"}, "namespaces": ["tts-*"]}},
+        "defaultMetricsSource": "cluster",
+        "bounds": {"maxReplicas": 8, "allowedImageRegistries": ["ghcr.io/cosyvoice-k8s"],
+                   "requiredResourceLimits": ["memory"]}})
+    (dep,) = of_kind(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["args"])
+    (cm,) = [c for c in of_kind(docs, "ConfigMap") if "operator.yaml" in c["data"]]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == args.config)
+    assert next(v for v in pod["volumes"] if v["name"] == mount["name"])["configMap"]["name"] == cm["metadata"]["name"]
+    path = tmp_path / "operator.yaml"
+    path.write_text(cm["data"][mount["subPath"]])
+    policy = admin.load(path)
+    assert policy.default_metrics_source == "cluster" and policy.bounds.max_replicas == 8
+    assert policy.bounds.allowed_image_registries == ("ghcr.io/cosyvoice-k8s",)
+    source = policy.metrics_sources["cluster"]
+    assert source.url == "https://prom.monitoring.svc:9090" and source.serves("tts-a") and not source.serves("dev")
+    creds = next(m for m in container["volumeMounts"] if m["name"] == "metrics-credentials")
+    projected = next(v for v in pod["volumes"] if v["name"] == "metrics-credentials")["projected"]["sources"]
+    files = {f"{creds['mountPath']}/{item['path']}": (s["secret"]["name"], item["key"])
+             for s in projected for item in s["secret"]["items"]}
+    assert files == {str(source.bearer_token_file): ("prom-reader", "token"), str(source.ca_file): ("prom-ca", "ca.crt")}
+    assert [e["name"] for e in container["env"] if "valueFrom" in e] == ["POD_NAME", "POD_NAMESPACE"]
+    assert args.leader_elect and args.lease_name == dep["metadata"]["name"]
+
+
+def test_two_replicas_need_leader_election(helm: Helm) -> None:
+    done = helm.template(OPERATOR_CHART, {"replicaCount": 2, "leaderElection": {"enabled": False}}, check=False)
+    assert done.returncode != 0 and "replicaCount > 1 needs leaderElection.enabled" in done.stderr
+    done = helm.template(OPERATOR_CHART, {"defaultMetricsSource": "nope"}, check=False)
+    assert done.returncode != 0 and 'defaultMetricsSource "nope" is not one of metricsSources' in done.stderr
 
 
 def test_every_value_is_documented_in_values_yaml() -> None:

@@ -27,7 +27,10 @@ def group_of(api_version: str) -> str:
 def test_cluster_mode_grants_exactly_the_permissions_list(rendered: dict[str, list[Obj]]) -> None:
     (role,) = of_kind(rendered["defaults"], "ClusterRole")
     assert expand(role["rules"]) == expand(permissions.rules("cluster"))
-    assert not of_kind(rendered["defaults"], "Role")
+    (own,) = of_kind(rendered["defaults"], "Role")  # the Lease, in the operator's own namespace only
+    assert own["metadata"]["namespace"] == "cosyvoice-system"
+    assert expand(own["rules"]) == expand(permissions.rules(own_namespace=True)) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "patch")}
 
 
 def test_namespaced_mode_uses_roles_and_a_read_only_cluster_role(rendered: dict[str, list[Obj]]) -> None:
@@ -37,7 +40,8 @@ def test_namespaced_mode_uses_roles_and_a_read_only_cluster_role(rendered: dict[
     assert {verb for _, _, verb in expand(cluster_role["rules"])} <= {"get", "list", "watch"}
     assert ("", "namespaces", "list") not in expand(cluster_role["rules"])  # namespaces are listed explicitly
     for role in of_kind(docs, "Role"):
-        assert expand(role["rules"]) == expand(permissions.rules("namespaced", cluster_wide=False))
+        own = role["metadata"]["name"].endswith("-leader-election")
+        assert expand(role["rules"]) == expand(permissions.rules("namespaced", cluster_wide=False, own_namespace=own))
 
 
 @pytest.mark.parametrize("name", ["defaults", "namespaced"])
@@ -53,11 +57,24 @@ def test_plain_install_manifests_grant_the_same_permissions() -> None:
     docs = [d for d in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()) if d]
     (role,) = of_kind(docs, "ClusterRole")
     assert expand(role["rules"]) == expand(permissions.rules("cluster"))
+    (own,) = of_kind(docs, "Role")
+    assert expand(own["rules"]) == expand(permissions.rules(own_namespace=True))
+
+
+def test_secrets_are_only_read_for_their_labels() -> None:
+    """The one Secret permission is `get`, used for metadata only (the opt-in label): never list or watch,
+    and no call in the operator reads a Secret's data."""
+    assert permissions.granted("", "secrets") == {"get"}
+    calls = [c for c in _kube_calls() if not isinstance(c[3], str) and any(r.plural == "secrets" for r in c[3])]
+    assert calls and all(verb == "get" for _, _, verb, _, _ in calls)
+    source = (OPERATOR_PKG / "reconcile.py").read_text()
+    assert "get_metadata(kube.SECRETS" in source and "get(kube.SECRETS" not in source
 
 
 # --- every API call of the operator is in the list ---------------------------------------------
 
-_KUBE_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch", "delete": "delete"}
+_KUBE_VERBS = {"get": "get", "get_metadata": "get", "list": "list", "create": "create", "patch": "patch",
+               "delete": "delete"}
 _KUBE_RECEIVERS = {"kube", "client"}  # how the operator's code names its kube.Kube
 
 

@@ -56,3 +56,29 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- define "cosyvoice-operator.rules" -}}
 {{- .Files.Get "files/rbac-rules.yaml" | fromYaml | toJson -}}
 {{- end -}}
+
+{{/* Where the metrics sources' Secrets are mounted in the operator pod (one folder per source). */}}
+{{- define "cosyvoice-operator.metricsDir" -}}/etc/cosyvoice-operator/metrics{{- end -}}
+
+{{/* The administrator's settings the operator reads (cosyvoice-operator run --config): metrics sources with
+the paths of their mounted credentials, and the bounds. Parsed by cosyvoice_operator.admin. */}}
+{{- define "cosyvoice-operator.config" -}}
+{{- $dir := include "cosyvoice-operator.metricsDir" . -}}
+{{- $sources := dict -}}
+{{- range $name, $src := .Values.metricsSources -}}
+{{- $out := dict "url" $src.url "insecureSkipVerify" (default false $src.insecureSkipVerify) "namespaces" (default list $src.namespaces) -}}
+{{- if $src.bearerTokenSecret -}}{{- $_ := set $out "bearerTokenFile" (printf "%s/%s/token" $dir $name) -}}{{- end -}}
+{{- if $src.caSecret -}}{{- $_ := set $out "caFile" (printf "%s/%s/ca.crt" $dir $name) -}}{{- end -}}
+{{- $_ := set $sources $name $out -}}
+{{- end -}}
+{{- $bounds := dict "allowedImageRegistries" .Values.bounds.allowedImageRegistries "requiredResourceLimits" .Values.bounds.requiredResourceLimits -}}
+{{- if .Values.bounds.maxReplicas -}}{{- $_ := set $bounds "maxReplicas" .Values.bounds.maxReplicas -}}{{- end -}}
+{{- $config := dict "metricsSources" $sources "bounds" $bounds -}}
+{{- if .Values.defaultMetricsSource -}}
+{{- if not (hasKey .Values.metricsSources .Values.defaultMetricsSource) -}}
+{{- fail (printf "defaultMetricsSource %q is not one of metricsSources" .Values.defaultMetricsSource) -}}
+{{- end -}}
+{{- $_ := set $config "defaultMetricsSource" .Values.defaultMetricsSource -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
