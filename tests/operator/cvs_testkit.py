@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kmock
 import yaml
 
@@ -74,7 +75,8 @@ def emulated_cluster(emulator: Any, tmp_path: Path, monkeypatch: Any) -> Any:
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus what an API server adds: uid, resourceVersion, generation, creationTimestamp.
+    """kmock's emulator plus what an API server adds: uid, resourceVersion, generation, creationTimestamp,
+    and resourceVersion preconditions on writes (409 Conflict when the object changed meanwhile).
 
     ``generation`` grows when a write changes ``spec`` (not through /status), so observedGeneration
     means what it means on a real cluster.
@@ -98,6 +100,12 @@ class Emulator(kmock.KubernetesEmulator):
                 if key in self.objects and not self.objects[key].deleted:
                     current = self.objects[key].raw
                     meta = data.setdefault("metadata", {})
+                    expected = meta.get("resourceVersion")  # a precondition, as the API server treats it
+                    if expected and expected != (current.get("metadata") or {}).get("resourceVersion"):
+                        return aiohttp.web.json_response(
+                            {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+                             "message": "the object has been modified; please apply your changes to the latest "
+                                        "version and try again"}, status=409)
                     meta["resourceVersion"] = str(next(self._versions))
                     spec_changed = "spec" in data and merge_patch(current.get("spec") or {}, data["spec"]) != (
                         current.get("spec") or {})
@@ -110,7 +118,7 @@ class Emulator(kmock.KubernetesEmulator):
 
 @contextlib.asynccontextmanager
 async def run_operator(namespaces: tuple[str, ...] = ("default",), resync_seconds: float = 3600.0,
-                       policy: Any = None) -> AsyncIterator[Any]:
+                       policy: Any = None, kube: Any = None) -> AsyncIterator[Any]:
     """The real operator (all its kopf handlers, restarted after watch failures as ``cosyvoice-operator run``
     does), like kopf's KopfRunner: in a thread with its own loop.
 
@@ -124,7 +132,7 @@ async def run_operator(namespaces: tuple[str, ...] = ("default",), resync_second
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True  # no CRD/namespace discovery: the emulator serves fixed resources
     stop, ready = threading.Event(), threading.Event()
-    memo = kopf.Memo(namespaces=list(namespaces), resync_seconds=resync_seconds, policy=policy)
+    memo = kopf.Memo(namespaces=list(namespaces), resync_seconds=resync_seconds, policy=policy, kube=kube)
     failure: list[BaseException] = []
     options = runtime.Options(namespaces=list(namespaces), resync_seconds=resync_seconds, restart_backoff=(0.2, 1.0))
 
