@@ -95,3 +95,12 @@ def test_kopf_settings_bound_every_watch() -> None:
     assert settings.watching.client_timeout > settings.watching.server_timeout
     assert settings.watching.connect_timeout and settings.networking.request_timeout
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+
+
+def test_run_refuses_a_bad_configuration_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "operator.yaml"
+    bad.write_text("bounds: {maxReplicas: -1}\n")
+    code, out, err = run_cli(["run", "-A", "--config", str(bad)], monkeypatch)
+    assert code == 2 and err.startswith("error: invalid operator configuration") and "maxReplicas" in err
+    code, out, err = run_cli(["run", "-A", "--leader-elect", "--renew-deadline", "20"], monkeypatch)
+    assert code == 2 and "renew deadline < lease duration" in err

@@ -60,4 +60,7 @@ def test_operator_deployment_runs_the_published_image_with_valid_args() -> None:
     args = build_parser().parse_args(container["args"])
     assert args.command == "run" and args.all_namespaces and args.liveness.endswith(":8080/healthz")
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    # leader election makes a rolling update safe: the new pod waits for the old one's Lease
+    assert args.leader_elect and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
