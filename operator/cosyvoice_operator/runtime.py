@@ -134,7 +134,7 @@ def operate(options: Options, memo: kopf.Memo, *, settings: kopf.OperatorSetting
         pause = min(longest, pause * 2)
 
 
-class _StandbyHealth:
+class StandbyHealth:
     """The liveness endpoint of a replica waiting for the Lease (kopf serves it once this one leads)."""
 
     def __init__(self, liveness: str | None) -> None:
@@ -194,7 +194,7 @@ def run(options: Options, memo: kopf.Memo, *, client: kube.Kube | None = None,
             log.warning("leader election: %s", exc)
             return False
 
-    health = _StandbyHealth(options.liveness)
+    health = StandbyHealth(options.liveness)
     try:
         log.info("waiting to lead (Lease %s/%s, identity %s)", elector.namespace, elector.name, elector.identity)
         while not attempt():

@@ -192,7 +192,13 @@ async def test_the_running_operator_makes_only_granted_calls(cluster: Any, helm:
     body = {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
             "metadata": {"name": "tts", "namespace": "default"},
             "spec": {"gpu": {"migProfile": "1g.10gb"}, "storage": {"storageUri": "s3://m/cv2.tar.gz"},
+                     "apiKeySecret": {"name": "tts-key", "key": "api-key"},
                      "monitoring": {"serviceMonitor": {"enabled": True}}}}
+    cluster.objects["v1/secrets", "default", "tts-key"] = {  # opted in: its label is read, then the pods mount it
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tts-key", "namespace": "default", "uid": "s1",
+                                                           "resourceVersion": "1", "labels": {
+                                                               "tts.cosyvoice.dev/allow-reference": "true"}},
+        "data": {"api-key": "c2VjcmV0"}}
     mine = {"X-Test-Client": "1"}  # the test's own requests (a user's kubectl), not the operator's
     merge = {"Content-Type": "application/merge-patch+json", **mine}
 
@@ -229,5 +235,5 @@ async def test_the_running_operator_makes_only_granted_calls(cluster: Any, helm:
     assert denied == [], "add these to operator/cosyvoice_operator/permissions.py"
     assert {("", "nodes", "list"), ("", "pods", "list"), ("apps", "deployments", "create"),
             ("apps", "deployments", "patch"), ("apps", "deployments", "watch"), ("", "events", "create"),
-            ("monitoring.coreos.com", "servicemonitors", "create"),
+            ("monitoring.coreos.com", "servicemonitors", "create"), ("", "secrets", "get"),
             ("tts.cosyvoice.dev", "cosyvoiceservices/status", "patch")} <= checked, sorted(checked)

@@ -133,3 +133,27 @@ async def test_two_replicas_never_both_act_and_the_standby_takes_over(cluster: A
     await eventually(lambda: live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 3, timeout=30)
     assert set(operators.writers(released)) == {standby}, operators.writers(released)
     assert operators.procs[standby].poll() is None, operators.log(standby)
+    # the Lease calls are the ones the chart's Role in the operator's namespace grants
+    from cosyvoice_operator import permissions
+    verbs = {str(r.method).upper().rsplit(".", 1)[-1] for r in list(cluster) if "/leases" in r.url.path
+             and r.headers.get("Authorization", "").startswith("Bearer operator-")}
+    granted = permissions.granted("coordination.k8s.io", "leases")
+    assert {{"GET": "get", "POST": "create", "PATCH": "patch"}[v] for v in verbs} <= granted, verbs
+
+
+def test_a_standby_answers_the_liveness_probe() -> None:
+    """Waiting for the Lease is healthy: the kubelet must not restart a standby."""
+    import socket
+    import urllib.request
+
+    from cosyvoice_operator import runtime
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    health = runtime.StandbyHealth(f"http://127.0.0.1:{port}/healthz")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        health.close()
