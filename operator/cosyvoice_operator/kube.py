@@ -110,9 +110,11 @@ class Kube:
         self.timeout = timeout
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In-cluster service account first, then ``$KUBECONFIG`` / ``~/.kube/config``."""
+    def from_environment(cls, retries: int | None = None) -> Kube:
+        """In-cluster service account first, then ``$KUBECONFIG`` / ``~/.kube/config``. ``retries``:
+        urllib3's retries per call (None: the kubernetes package's default)."""
         config = kubernetes.client.Configuration()
+        config.retries = retries
         try:
             kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
         except kubernetes.config.ConfigException:

@@ -14,6 +14,7 @@ no longer renew it (handler threads cannot be recalled; a new process starts as 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.server
 import logging
 import os
@@ -182,8 +183,10 @@ def run(options: Options, memo: kopf.Memo, *, client: kube.Kube | None = None,
         import signal
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    client = client or kube.Kube.from_environment()
     timing = options.timing
+    if client is None:  # short, unretried calls: a Lease attempt must fail fast, the next one is near
+        client = kube.Kube.from_environment(retries=0)
+        client.timeout = (timing.retry_period, timing.retry_period)
     elector = leader.Elector(client, options.lease_namespace or default_namespace(), options.lease_name,
                              options.identity or default_identity(), timing, time.monotonic)
 
@@ -204,9 +207,16 @@ def run(options: Options, memo: kopf.Memo, *, client: kube.Kube | None = None,
         health.close()
 
     def renew() -> None:
+        # Each attempt is bounded by what is left of the renew deadline (a hung API call must not keep
+        # this replica acting past the point where another may take the Lease).
         renewed = time.monotonic()
+        worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lease")
         while not stop.wait(timing.retry_period):
-            if attempt():
+            try:
+                ok = worker.submit(attempt).result(timeout=max(0.0, renewed + timing.renew_deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                ok = False
+            if ok:
                 renewed = time.monotonic()
             elif time.monotonic() - renewed > timing.renew_deadline:
                 log.error("lost the Lease %s/%s: stopping at once so that only the new leader acts",

@@ -157,3 +157,40 @@ def test_a_standby_answers_the_liveness_probe() -> None:
             assert resp.status == 200
     finally:
         health.close()
+
+
+def test_a_leader_that_cannot_renew_stops_before_its_lease_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server stops answering the leader: it gives up acting within the renew deadline, while the
+    Lease it last wrote is still valid for everyone else (a hung call does not extend that)."""
+    import threading
+    import time
+
+    import kopf
+    from cosyvoice_operator import runtime
+
+    stopped = threading.Event()
+
+    class Api:  # takes the Lease, then hangs on every call
+        calls = 0
+
+        def get(self, *args: Any) -> Any:
+            self.calls += 1
+            if self.calls > 1 and not stopped.is_set():
+                stopped.wait(30)
+            return None
+
+        def create(self, res: Any, body: Any) -> Any:
+            return body
+
+    monkeypatch.setattr(runtime, "operate", lambda *args, **kwargs: stopped.wait(30))
+    started, lost = time.monotonic(), []
+
+    def on_lost(code: int) -> None:
+        lost.append((code, time.monotonic() - started))
+        stopped.set()
+
+    timing = leader.Timing(lease_duration=3, renew_deadline=1.5, retry_period=0.3)
+    runtime.run(runtime.Options(leader_election=True, lease_namespace="ns", identity="a", timing=timing),
+                kopf.Memo(), client=Api(), on_lost=on_lost)  # type: ignore[arg-type]
+    (code, after), = lost
+    assert code == 1 and after < timing.lease_duration
