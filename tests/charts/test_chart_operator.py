@@ -241,6 +241,8 @@ def test_notes_tell_the_user_the_next_commands(helm: Helm) -> None:
     assert "kubectl apply -n default -f" in notes and "examples/minimal.yaml" in notes
     assert "kubectl get cvs" in notes
     assert "rollout status deploy/cv-cosyvoice-operator" in notes
+    assert "kubectl label secret NAME tts.cosyvoice.dev/allow-reference=true" in notes
+    assert "No metricsSources are configured" in notes
 
 
 def test_helm_from_pypi_is_v4(helm: Helm) -> None:
