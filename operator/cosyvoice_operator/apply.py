@@ -9,7 +9,10 @@ operator applied last time (kept in an annotation on the child). The patch
 * replaces lists whole, as a merge patch does, when the desired list is not already in place.
 
 Live values count as "in place" when they contain the desired ones: the API server fills defaults
-into containers and ports, and that must not look like drift on every reconcile.
+into containers and ports, and that must not look like drift on every reconcile. Inside list
+elements only those defaults may be extra: a merge patch replaces a list whole, so any other extra
+key there (a container's ``lifecycle`` after the preStop sleep went to 0 and a rollout undo or a
+hand edit brought it back) is drift that only re-sending the list removes.
 """
 from __future__ import annotations
 
@@ -23,6 +26,15 @@ Obj = dict[str, Any]
 _MISSING = object()
 # Keys whose values are resource quantities: "1000m" and "1" are the same request.
 _QUANTITY_KEYS = frozenset({"requests", "limits", "sizeLimit"})
+# Fields the API server fills in inside the list elements the operator renders (containers, ports,
+# probes, env, volumes, tolerations, Service ports), per the core/v1 defaulting functions.
+SERVER_DEFAULTED = frozenset({
+    "terminationMessagePath", "terminationMessagePolicy", "imagePullPolicy", "resources",  # containers
+    "protocol", "targetPort", "nodePort",  # container and Service ports
+    "timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold", "scheme",  # probes
+    "apiVersion",  # env valueFrom.fieldRef
+    "defaultMode",  # secret / configMap volumes
+})
 
 
 def last_applied_of(live: Obj) -> Obj | None:
@@ -45,14 +57,17 @@ def with_last_applied(desired: Obj) -> Obj:
     return annotated
 
 
-def contains(live: Any, desired: Any, quantities: bool = False) -> bool:
-    """Whether ``live`` already holds everything ``desired`` asks for."""
+def contains(live: Any, desired: Any, quantities: bool = False, in_list: bool = False) -> bool:
+    """Whether ``live`` already holds everything ``desired`` asks for (and, inside list elements,
+    nothing else but server defaults)."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(
-            k in live and contains(live[k], v, quantities or k in _QUANTITY_KEYS) for k, v in desired.items())
+        return (isinstance(live, dict)
+                and not (in_list and set(live) - set(desired) - SERVER_DEFAULTED)
+                and all(k in live and contains(live[k], v, quantities or k in _QUANTITY_KEYS, in_list)
+                        for k, v in desired.items()))
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
-                and all(contains(lv, dv, quantities) for lv, dv in zip(live, desired, strict=True)))
+                and all(contains(lv, dv, quantities, True) for lv, dv in zip(live, desired, strict=True)))
     if quantities:
         return quantity.equal(live, desired)
     if isinstance(live, bool) or isinstance(desired, bool):

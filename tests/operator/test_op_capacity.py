@@ -175,3 +175,25 @@ def test_profile_errors_and_resource_names() -> None:
     assert mig.resource_name("mixed", "2g.20gb") == "nvidia.com/mig-2g.20gb"
     assert mig.resource_name("single", "2g.20gb") == mig.resource_name("none", None) == "nvidia.com/gpu"
     assert mig.single_strategy_product_label("NVIDIA-A100-SXM4-40GB", "3g.20gb") == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"
+
+
+def test_a_failed_pod_that_still_lists_a_gpu_does_not_hold_it() -> None:
+    """The kubelet releases a terminated pod's devices; a Failed pod left behind (kept for its logs)
+    must not make a free slice look taken."""
+    nodes = [node("a", {MIG_1G: 2})]
+    pods = [pod("crashed", "a", MIG_1G, phase="Failed"), pod("finished", "a", MIG_1G, phase="Succeeded"),
+            pod("pending-here", "a", MIG_1G, phase="Pending")]
+    result = assess(ask(2), nodes, pods)
+    assert (result.status, result.allocatable) == ("False", 1)  # only the Pending pod holds one
+    assert result.message == "2 × nvidia.com/mig-1g.10gb requested, 1 allocatable on nodes a"
+
+
+def test_an_untolerated_no_execute_taint_excludes_the_node() -> None:
+    """Pods would be evicted from a NoExecute node as soon as they land, so its slices are not capacity."""
+    taint = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    result = assess(ask(2), [node("a", {MIG_1G: 1}), node("b", {MIG_1G: 4}, taints=[taint])], [])
+    assert (result.status, result.allocatable) == ("False", 1)
+    assert result.message.endswith("excluded: b (taint node.kubernetes.io/unreachable=:NoExecute not tolerated)")
+    tolerated = ask(2, tolerations=({"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                                     "effect": "NoExecute"},))
+    assert assess(tolerated, [node("a", {MIG_1G: 1}), node("b", {MIG_1G: 4}, taints=[taint])], []).allocatable == 5

@@ -1,0 +1,39 @@
+"""The probes' time budgets: a slow first model load is not killed, a wedged process is."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cosyvoice_operator import render as r
+from cosyvoice_operator.spec import parse_spec
+from cvs_testkit import ROOT
+
+Obj = dict[str, Any]
+
+
+def probes(spec: Obj) -> Obj:
+    return r.server_container(parse_spec(spec))
+
+
+def budget_s(probe: Obj) -> int:
+    """Seconds of consecutive failures before the kubelet acts on a probe."""
+    return int(probe.get("initialDelaySeconds", 0) + probe["periodSeconds"] * probe["failureThreshold"])
+
+
+def documented_minutes() -> int:
+    text = (ROOT / "docs" / "operator.md").read_text()
+    match = re.search(r"startup probe allows (\d+) minutes", text)
+    assert match, "docs/operator.md states the startup probe's model-load budget"
+    return int(match.group(1))
+
+
+def test_startup_probe_gives_the_first_model_load_the_documented_budget() -> None:
+    c = probes({})
+    startup, liveness = c["startupProbe"], c["livenessProbe"]
+    # Loading and warming a model from a network volume on a cold node takes minutes; a shorter
+    # budget restarts the pod in a loop before it ever serves.
+    assert budget_s(startup) == documented_minutes() * 60 == 600
+    assert startup["timeoutSeconds"] < startup["periodSeconds"]
+    # Once started, liveness reacts within a minute to a wedged process.
+    assert budget_s(liveness) <= 60 < budget_s(startup)
+    assert budget_s(c["readinessProbe"]) <= 15  # a draining or overloaded pod leaves the endpoints fast
