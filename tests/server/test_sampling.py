@@ -1,0 +1,73 @@
+"""Speech-token sampling as upstream CosyVoice2 defines it (ras_sampling): nucleus sampling over the
+most likely tokens, and the repetition-aware fallback to the full distribution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cosyvoice_server.engine.sampling import sample_tokens
+
+EOS = 4  # tokens 0..3 are speech, 4 is end of speech (given a negligible score below)
+
+
+def draw(probs: list[float], n: int = 4000, top_p: float = 1.0, top_k: int = 25,
+         histories: list[list[int]] | None = None, win_size: int = 10, tau_r: float = 0.1) -> np.ndarray:
+    """n independent draws (one row each, its own generator) from speech-token probabilities `probs`."""
+    logits = np.log(np.array([*probs, 1e-30]))[None, :].repeat(n, axis=0)
+    return sample_tokens(logits, histories or [[] for _ in range(n)], [np.random.default_rng(i) for i in range(n)],
+                         np.ones(n, bool), eos=EOS, top_k=top_k, top_p=top_p, win_size=win_size, tau_r=tau_r)
+
+
+def shares(tokens: np.ndarray) -> list[float]:
+    return [float(np.mean(tokens == t)) for t in range(EOS + 1)]
+
+
+def test_top_p_one_samples_the_whole_distribution() -> None:
+    got = shares(draw([0.5, 0.3, 0.15, 0.05]))
+    assert got == pytest.approx([0.5, 0.3, 0.15, 0.05, 0.0], abs=0.03)
+
+
+def test_nucleus_keeps_the_smallest_prefix_reaching_top_p_and_renormalises() -> None:
+    # 0.5 + 0.3 reaches 0.7: tokens 2 and 3 are cut, 0 and 1 keep their 5:3 ratio
+    got = shares(draw([0.5, 0.3, 0.15, 0.05], top_p=0.7))
+    assert got == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0, 0.0], abs=0.03)
+
+
+def test_nucleus_smaller_than_the_top_token_keeps_that_token() -> None:
+    """A top_p below the most likely token's probability must still sample it (never an empty set, never NaN)."""
+    assert set(draw([0.6, 0.25, 0.1, 0.05], n=500, top_p=0.3).tolist()) == {0}
+    assert set(draw([0.6, 0.25, 0.1, 0.05], n=500, top_p=0.55).tolist()) == {0}
+    assert set(draw([0.6, 0.25, 0.1, 0.05], n=500, top_p=0.65).tolist()) == {0, 1}  # 0.6 < 0.65: one more
+
+
+def test_top_k_limits_the_candidates() -> None:
+    assert set(draw([0.3, 0.3, 0.2, 0.2], n=500, top_k=2).tolist()) == {0, 1}
+
+
+def test_a_row_is_reproducible_from_its_own_generator() -> None:
+    a = draw([0.4, 0.3, 0.2, 0.1], n=50, top_p=0.9)
+    b = draw([0.4, 0.3, 0.2, 0.1], n=50, top_p=0.9)
+    assert a.tolist() == b.tolist() and len(set(a.tolist())) > 1
+
+
+# --- repetition-aware sampling: fall back when the pick repeats >= win_size * tau_r times in the window ---
+
+PEAKED = [0.97, 0.01, 0.01, 0.01]  # top-1 always picks token 0
+
+
+@pytest.mark.parametrize(("history", "falls_back"), [
+    ([0], False),                    # once in the window: below 10 × 0.2 = 2
+    ([0, 3, 0], True),               # twice: at the threshold, re-sampled from the full distribution
+    ([0, 0] + [1] * 9, False),       # one of the two 0s slid out of the 10-token window
+    ([0, 0] + [1] * 8, True),        # both still inside it
+    ([1, 1, 1], False),              # repeats of other tokens do not matter
+])
+def test_repetition_fallback_at_its_exact_threshold(history: list[int], falls_back: bool) -> None:
+    n = 400
+    tokens = draw(PEAKED, n=n, top_k=1, histories=[list(history) for _ in range(n)], win_size=10, tau_r=0.2)
+    if falls_back:
+        # the full distribution: token 0 still most likely, the others now possible
+        assert 0.9 < np.mean(tokens == 0) < 1.0 and set(tokens.tolist()) - {0}
+    else:
+        assert set(tokens.tolist()) == {0}
