@@ -1,0 +1,45 @@
+"""Admission is bounded exactly: a full running batch plus a full queue, and the next request is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from cosyvoice_server.api.schemas import SpeechRequest
+from cosyvoice_server.config import BUNDLED_MODEL, Settings
+from cosyvoice_server.engine.pipeline import Pipeline
+from cosyvoice_server.metrics import Metrics
+from cosyvoice_server.scheduling.request import Outcome
+from cosyvoice_server.scheduling.scheduler import Overloaded, Scheduler, SchedulerConfig
+from cosyvoice_server.state import ServerState
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    return Pipeline(BUNDLED_MODEL, "cpu")
+
+
+@pytest.mark.parametrize(("max_batch", "max_queue"), [(2, 3), (1, 0), (4, 0)])
+async def test_admits_exactly_max_batch_size_plus_max_queue_size(pipeline, max_batch: int, max_queue: int) -> None:
+    metrics = Metrics()
+    # Stage threads not started: every admitted request stays in flight, as under a long burst.
+    state = ServerState(Settings(), metrics, pipeline=pipeline,
+                        scheduler=Scheduler(pipeline, SchedulerConfig(max_batch, 5.0, max_queue), metrics))
+    sched = state.scheduler
+
+    def request():
+        return state.new_request(SpeechRequest(model="tts-1", input="Admission control."))
+
+    admitted = [request() for _ in range(max_batch + max_queue)]
+    for r in admitted:
+        sched.submit(r)
+    assert sched.inflight == max_batch + max_queue
+    with pytest.raises(Overloaded) as refused:
+        sched.submit(request())
+    assert f"({max_batch + max_queue} requests in flight)" in str(refused.value)
+    assert refused.value.retry_after_s >= 1
+    assert sched.inflight == max_batch + max_queue  # the refused one holds nothing
+    # one finishes (or its client leaves): exactly one slot opens
+    sched.release(admitted[0], Outcome.CANCELLED)
+    sched.submit(request())
+    with pytest.raises(Overloaded):
+        sched.submit(request())
