@@ -104,21 +104,40 @@ def test_a_stream_past_its_deadline_never_looks_complete(start_server):
     assert "Traceback" not in s.log()
 
 
+def metric(s, name: str) -> float:
+    for fam in text_string_to_metric_families(s.metrics()):
+        for sample in fam.samples:
+            if sample.name == name and not sample.labels:
+                return sample.value
+    raise KeyError(name)
+
+
 def test_client_disconnect_frees_its_slot(start_server):
+    """The slot is freed because the client left, not because the synthesis ran to its end: the slot
+    must be free within a second of the hang-up, and far less audio than the whole request must have
+    been synthesized (the request, slowed-down speech, runs several times longer than the 0.3 s the
+    client waits)."""
     s = start_server("--max-batch-size", "1", "--max-queue-size", "0")
+    slow = body(LONG, speed=0.5)
+    full = httpx.post(s.url + "/v1/audio/speech", json=slow, timeout=120)
+    assert full.status_code == 200
+    full_audio_s = float(full.headers["x-audio-duration-seconds"])
     for stream in (True, False):
+        before = metric(s, "cosyvoice_audio_seconds_total")
         with httpx.Client(base_url=s.url, timeout=30) as c:
             if stream:
-                with c.stream("POST", "/v1/audio/speech", json=body(LONG, stream=True)) as r:
+                with c.stream("POST", "/v1/audio/speech", json=slow | {"stream": True}) as r:
                     assert r.status_code == 200
                     next(r.iter_raw())  # audio is flowing, then the client hangs up
             else:
                 with pytest.raises(httpx.ReadTimeout):
-                    c.post("/v1/audio/speech", json=body(LONG), timeout=0.3)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and 'cosyvoice_inflight_requests 0.0' not in s.metrics():
-            time.sleep(0.05)
-        assert 'cosyvoice_inflight_requests 0.0' in s.metrics(), f"stream={stream}: slot still held"
+                    c.post("/v1/audio/speech", json=slow, timeout=0.3)
+        hung_up = time.monotonic()
+        while time.monotonic() - hung_up < 1.0 and metric(s, "cosyvoice_inflight_requests") != 0:
+            time.sleep(0.02)
+        assert metric(s, "cosyvoice_inflight_requests") == 0, f"stream={stream}: slot still held after 1 s"
+        produced = metric(s, "cosyvoice_audio_seconds_total") - before
+        assert produced < 0.6 * full_audio_s, f"stream={stream}: {produced:.1f} of {full_audio_s:.1f} s synthesized"
         assert httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30).status_code == 200
 
 

@@ -147,16 +147,18 @@ class _Timeout(Exception):
 
 async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | Done:
     """Next audio chunk or the end marker; raises _Timeout at the deadline. Without a stream to write
-    to, the client's disconnect is noticed by polling the connection between waits."""
+    to, the client's disconnect is noticed by polling the connection before each chunk and every
+    0.25 s (chunks arrive back to back while audio flows, so polling only on idle waits misses it)."""
     while True:
+        if request is not None and await request.is_disconnected():
+            raise asyncio.CancelledError
         remaining = req.deadline - time.monotonic()
         if remaining <= 0:
             raise _Timeout
         try:
             return await asyncio.wait_for(req.out.get(), timeout=min(remaining, 0.25) if request else remaining)
         except TimeoutError:
-            if request is not None and await request.is_disconnected():
-                raise asyncio.CancelledError from None
+            continue
 
 
 @router.post(
