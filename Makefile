@@ -12,7 +12,7 @@ REGISTRY ?= ghcr.io/cosyvoice-k8s
 VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/cosyvoice-operator/Chart.yaml)
 PUSH ?=
 
-.PHONY: demo test install install-test system-deps tools serve doctor tiny-model bench images sync-chart clean
+.PHONY: demo test mutation install install-test system-deps tools serve doctor tiny-model bench images sync-chart clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ demo: install
 test: install-test tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Mutation testing of the decision modules against their unit tests (docs/testing.md); slower than
+# `make test`, so not part of it. MUTATION_ARGS="--module apply.py" limits it to matching modules.
+MUTATION_ARGS ?=
+mutation: install-test
+	$(PIP) install -q -r requirements-mutation.txt
+	nice -n 15 $(PY) -m tools.mutation $(MUTATION_ARGS)
+
 serve: install
 	$(VENV)/bin/cosyvoice-server serve --device cpu
 
@@ -75,4 +82,4 @@ images:
 	@if [ -n "$(PUSH)" ]; then docker push $(REGISTRY)/cosyvoice-server:$(VERSION) && docker push $(REGISTRY)/cosyvoice-operator:$(VERSION); fi
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .tools
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .tools .mutation

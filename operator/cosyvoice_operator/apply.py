@@ -121,5 +121,4 @@ def changed_paths(patch: Obj, depth: int = 3) -> list[str]:
                 paths.append(path)
 
     walk(patch, "", 1)
-    return [p for p in paths if not p.startswith(f"metadata.annotations.{LAST_APPLIED_ANNOTATION}")
-            and p != "metadata.annotations"]
+    return [p for p in paths if not p.startswith(f"metadata.annotations.{LAST_APPLIED_ANNOTATION}")]

@@ -136,6 +136,7 @@ def conditions_for(observed: Observed, previous: dict[str, Condition]) -> list[C
     problems = pod_problems(observed.pods)
     progress = _dep_condition(observed.deployment, "Progressing") or {}
     stuck = progress.get("reason") == "ProgressDeadlineExceeded"
+    stuck_message = progress.get("message") or "the rollout stopped making progress"
     replica_failure = _dep_condition(observed.deployment, "ReplicaFailure")
     replica_failure = replica_failure if replica_failure and replica_failure.get("status") == "True" else None
 
@@ -152,8 +153,7 @@ def conditions_for(observed: Observed, previous: dict[str, Condition]) -> list[C
     # Degraded
     if stuck:
         detail = f"; {_summarise(problems)}" if problems else ""
-        degraded = Condition(COND_DEGRADED, "True", "ProgressDeadlineExceeded",
-                             _short(f"{progress.get('message', '')}{detail}"))
+        degraded = Condition(COND_DEGRADED, "True", "ProgressDeadlineExceeded", _short(f"{stuck_message}{detail}"))
     elif problems:
         degraded = Condition(COND_DEGRADED, "True", problems[0].reason, _summarise(problems))
     elif replica_failure is not None:
@@ -165,8 +165,7 @@ def conditions_for(observed: Observed, previous: dict[str, Condition]) -> list[C
     if observed.deployment is None:
         progressing = Condition(COND_PROGRESSING, "True", "Creating", "the Deployment is being created")
     elif stuck:
-        progressing = Condition(COND_PROGRESSING, "False", "ProgressDeadlineExceeded",
-                                _short(progress.get("message", "the rollout stopped making progress")))
+        progressing = Condition(COND_PROGRESSING, "False", "ProgressDeadlineExceeded", _short(stuck_message))
     elif int(dep.get("observedGeneration") or 0) < _generation(observed.deployment):
         progressing = Condition(COND_PROGRESSING, "True", "RolloutPending",
                                 "the Deployment controller has not observed the latest change yet")

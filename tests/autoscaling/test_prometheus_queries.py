@@ -64,3 +64,9 @@ def test_optional_signal_failures_do_not_lose_the_reading() -> None:
     reading = read(fake({"qps": vec("4"), "inflight": vec("1"), "p95_ms": QueryFailed("timeout")}),
                    build_queries("ns", "tts"))
     assert reading.metrics.error is None and reading.metrics.qps == 4.0 and reading.metrics.p95_ms is None
+
+
+def test_label_values_are_escaped_as_promql_strings() -> None:
+    """Backslashes first, then quotes: a value can never end the string early."""
+    assert prometheus.selector("ns", 'a\\"b') == 'namespace="ns",cosyvoice_service="a\\\\\\"b"'
+    assert prometheus.selector("n\\s", "tts") == 'namespace="n\\\\s",cosyvoice_service="tts"'

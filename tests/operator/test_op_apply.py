@@ -166,3 +166,52 @@ def test_contains_compares_quantities_numerically_only_where_they_are_quantities
     assert not apply.contains({"requests": {"memory": "4Gi"}}, {"requests": {"memory": "5Gi"}})
     assert not apply.contains({"value": "1.0"}, {"value": "1"})  # an env value is a string, not a quantity
     assert not apply.contains({"enabled": 1}, {"enabled": True})
+
+
+def test_a_hand_added_field_inside_a_container_is_put_back() -> None:
+    """`privileged: true` added to the container's securityContext by hand is drift, even nested in a list element."""
+    want = desired({})
+    live = server_defaulted(want)
+    live["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    merged = merge_patch(live, apply.merge_patch(want, live))
+    assert "privileged" not in merged["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+
+
+def test_a_defaulted_field_we_stop_setting_in_a_list_element_is_re_sent() -> None:
+    """A Service port's protocol the operator set to UDP and no longer sets goes back to the server's default."""
+    before = {"metadata": {"name": "s"}, "spec": {"ports": [{"name": "p", "port": 53, "protocol": "UDP"}]}}
+    after = {"metadata": {"name": "s"}, "spec": {"ports": [{"name": "p", "port": 53}]}}
+    live = apply.with_last_applied(before)
+    patch = apply.merge_patch(apply.with_last_applied(after), live)
+    assert patch["spec"] == {"ports": [{"name": "p", "port": 53}]}
+
+
+def test_a_list_new_to_the_desired_state_but_already_live_is_not_re_sent() -> None:
+    """After an operator upgrade adds a field, a child that already holds it gets no spec patch."""
+    old = {"metadata": {"name": "s"}, "spec": {"replicas": 1}}
+    new = {"metadata": {"name": "s"}, "spec": {"replicas": 1, "tolerations": [{"key": "k", "operator": "Exists"}]}}
+    live = apply.with_last_applied(old)
+    live["spec"]["tolerations"] = [{"key": "k", "operator": "Exists"}]
+    assert set(apply.merge_patch(apply.with_last_applied(new), live)) == {"metadata"}
+
+
+def test_quantities_compare_numerically_outside_lists_too() -> None:
+    want = apply.with_last_applied({"metadata": {"name": "c"}, "spec": {"resources": {"requests": {"storage": "1Gi"}},
+                                                                        "value": "1"}})
+    live = copy.deepcopy(want)
+    live["spec"]["resources"]["requests"]["storage"] = "1024Mi"
+    assert apply.merge_patch(want, live) == {}
+    live["spec"]["resources"]["requests"]["storage"] = "2Gi"
+    assert apply.merge_patch(want, live) == {"spec": {"resources": {"requests": {"storage": "1Gi"}}}}
+    live["spec"]["resources"]["requests"]["storage"] = "1Gi"
+    live["spec"]["value"] = "1.0"  # not under a quantity key: a different string is drift
+    assert apply.merge_patch(want, live) == {"spec": {"value": "1"}}
+
+
+def test_last_applied_is_compact_and_independent_of_key_order() -> None:
+    """Reordered keys must not rewrite the annotation, and it stays small (annotations are capped at 256 KiB)."""
+    a = apply.with_last_applied({"metadata": {"name": "x"}, "spec": {"b": 1, "a": [1, 2]}})
+    b = apply.with_last_applied({"spec": {"a": [1, 2], "b": 1}, "metadata": {"name": "x"}})
+    record = a["metadata"]["annotations"][apply.LAST_APPLIED_ANNOTATION]
+    assert record == b["metadata"]["annotations"][apply.LAST_APPLIED_ANNOTATION]
+    assert record == '{"metadata":{"name":"x"},"spec":{"a":[1,2],"b":1}}'

@@ -197,3 +197,50 @@ def test_an_untolerated_no_execute_taint_excludes_the_node() -> None:
     tolerated = ask(2, tolerations=({"key": "node.kubernetes.io/unreachable", "operator": "Exists",
                                      "effect": "NoExecute"},))
     assert assess(tolerated, [node("a", {MIG_1G: 1}), node("b", {MIG_1G: 4}, taints=[taint])], []).allocatable == 5
+
+
+@pytest.mark.parametrize(("tolerations", "taint", "tolerated"), [
+    # a toleration for another key or effect is skipped, and a later one still matches
+    ([{"key": "other", "operator": "Exists"}, {"key": "k", "value": "v"}], {"key": "k", "value": "v", "effect": "NoSchedule"}, True),
+    ([{"key": "k", "operator": "Exists", "effect": "NoExecute"}, {"key": "k", "operator": "Exists"}],
+     {"key": "k", "effect": "NoSchedule"}, True),
+    ([{"value": "v"}, {"key": "k", "operator": "Exists"}], {"key": "k", "effect": "NoSchedule"}, True),  # keyless Equal: nothing
+    ([{"value": "v"}], {"key": "k", "value": "v", "effect": "NoSchedule"}, False),
+    # a taint without a value is tolerated by Equal without a value, not by one with a value
+    ([{"key": "k"}], {"key": "k", "effect": "NoSchedule"}, True),
+    ([{"key": "k", "value": "v"}], {"key": "k", "effect": "NoSchedule"}, False),
+    ([{"key": "k"}], {"key": "k", "value": "v", "effect": "NoSchedule"}, False),
+])
+def test_toleration_matching_edge_cases(tolerations: list[Obj], taint: Obj, tolerated: bool) -> None:
+    assert tolerates(tolerations, taint) is tolerated
+
+
+def test_a_node_without_conditions_counts_and_nothing_advertised_is_explained() -> None:
+    fresh = node("fresh", {MIG_1G: 2})
+    del fresh["status"]["conditions"]
+    assert assess(ask(2), [fresh], []).status == "True"
+    zero = [node("a", {"nvidia.com/gpu": 0, "nvidia.com/mig-2g.20gb": 1}), node("b", {"nvidia.com/gpu": 1}),
+            node("c", {"nvidia.com/gpu": 1}, {"nvidia.com/mig.strategy": "mixed"})]
+    result = assess(ask(1, mig_profile=None), zero, [])
+    assert result.message == ("1 × nvidia.com/mig-1g.10gb requested, 0 allocatable: nodes advertise "
+                              "nvidia.com/gpu on b, c; nvidia.com/mig-2g.20gb on a")  # mixed matches: no strategy hint
+    single = [node("s", {"nvidia.com/gpu": 2}, {"nvidia.com/mig.strategy": "single"}),
+              node("t", {"nvidia.com/gpu": 2}, {"nvidia.com/mig.strategy": "none"})]
+    assert assess(ask(1, mig_profile=None), single, []).message.endswith(
+        "(nodes run MIG strategy none, single; spec.gpu.migStrategy is mixed)")
+    assert "MIG strategy" not in assess(ask(1, mig_profile=None, mig_strategy="none"), single, []).message
+    assert assess(ask(1), [node("cpu", {"cpu": "8"})], []).message == (
+        "1 × nvidia.com/mig-1g.10gb requested, 0 allocatable: no node advertises an nvidia.com/* resource "
+        "(is the NVIDIA device plugin running?)")
+
+
+def test_request_from_spec_carries_everything_the_count_depends_on() -> None:
+    spec = parse_spec({"replicas": 2, "gpu": {"migProfile": "2g.20gb", "migStrategy": "mixed"},
+                       "nodeSelector": {"pool": "tts"},
+                       "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "tts", "effect": "NoSchedule"}]})
+    request = request_from_spec("tts", spec)
+    assert request == GpuRequest(
+        resource="nvidia.com/mig-2g.20gb", replicas=2, node_selector={"pool": "tts"},
+        tolerations=({"key": "dedicated", "operator": "Equal", "value": "tts", "effect": "NoSchedule"},
+                     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+        mig_profile="2g.20gb", mig_strategy="mixed", owner="tts")

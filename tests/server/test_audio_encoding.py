@@ -72,3 +72,10 @@ def test_compressed_formats_decode_to_the_same_length(fmt: str) -> None:
         decoded, sr = sf.read(io.BytesIO(encode(audio, SR, fmt)), dtype="float32")
         assert sr == SR and len(decoded) == len(audio)
         assert np.max(np.abs(decoded - audio)) < 1e-3
+
+
+@pytest.mark.parametrize(("fmt", "subtype"), [("wav", "PCM_16"), ("flac", "PCM_16"), ("opus", "OPUS"), ("mp3", "MPEG_LAYER_III")])
+def test_whole_files_use_the_codec_their_format_names(fmt: str, subtype: str) -> None:
+    """An `opus` answer must be Opus in Ogg (libsndfile's default for Ogg would be Vorbis)."""
+    info = sf.info(io.BytesIO(encode(tone(0.5), SR, fmt)))
+    assert (info.subtype, info.samplerate, info.channels) == (subtype, SR, 1)

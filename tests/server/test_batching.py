@@ -1,0 +1,116 @@
+"""The stage queue's batching: one item per request per batch in arrival order, no wait when nothing
+more can come, a bounded wait while other requests are upstream."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cosyvoice_server.scheduling.batching import StageQueue, WorkItem
+
+
+class Req:
+    """A request identity (the queue groups by object identity)."""
+
+
+def queue_of(*items: tuple[Req, str]) -> StageQueue:
+    q = StageQueue()
+    for req, payload in items:
+        q.put(WorkItem(req, payload))
+    return q
+
+
+def test_a_batch_takes_one_item_per_request_in_arrival_order() -> None:
+    a, b, c = Req(), Req(), Req()
+    q = queue_of((a, "a1"), (a, "a2"), (b, "b1"), (c, "c1"), (b, "b2"))
+    batch = q.take_batch(8, 0.0, lambda: set())
+    assert [i.payload for i in batch] == ["a1", "b1", "c1"]  # a request's chunks stay in order
+    assert len(q) == 2
+    assert [i.payload for i in q.take_batch(8, 0.0, lambda: set())] == ["a2", "b2"]
+    assert len(q) == 0
+
+
+def test_a_full_batch_goes_at_once_and_leaves_the_rest_queued() -> None:
+    reqs = [Req() for _ in range(5)]
+    q = queue_of(*[(r, str(i)) for i, r in enumerate(reqs)])
+    t0 = time.monotonic()
+    batch = q.take_batch(3, 10.0, lambda: {id(Req())})  # others upstream, but the batch is full
+    assert time.monotonic() - t0 < 1.0
+    assert [i.payload for i in batch] == ["0", "1", "2"] and len(q) == 2
+
+
+def test_a_lone_request_goes_at_once_when_nothing_else_is_upstream() -> None:
+    a = Req()
+    q = queue_of((a, "a1"))
+    t0 = time.monotonic()
+    assert [i.payload for i in q.take_batch(8, 10.0, lambda: {id(a)})] == ["a1"]  # upstream is a itself
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_partial_batch_waits_for_upstream_requests_but_not_past_the_delay() -> None:
+    a, other = Req(), Req()
+    q = queue_of((a, "a1"))
+    t0 = time.monotonic()
+    batch = q.take_batch(8, 0.3, lambda: {id(a), id(other)})
+    waited = time.monotonic() - t0
+    assert [i.payload for i in batch] == ["a1"]
+    assert 0.25 <= waited < 2.0
+
+
+def test_work_arriving_during_the_wait_joins_the_batch() -> None:
+    a, b = Req(), Req()
+    q = queue_of((a, "a1"))
+    upstream = {id(a), id(b)}
+    threading.Timer(0.1, lambda: q.put(WorkItem(b, "b1"))).start()
+    batch = q.take_batch(8, 5.0, lambda: upstream)
+    assert [i.payload for i in batch] == ["a1", "b1"]  # b's item completes the expected set: no further wait
+
+
+def test_poke_re_evaluates_when_an_upstream_request_finishes() -> None:
+    a, b = Req(), Req()
+    q = queue_of((a, "a1"))
+    upstream = {id(a), id(b)}
+
+    def b_finishes() -> None:
+        upstream.discard(id(b))
+        q.poke()
+
+    threading.Timer(0.1, b_finishes).start()
+    t0 = time.monotonic()
+    assert [i.payload for i in q.take_batch(8, 5.0, lambda: upstream)] == ["a1"]
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_an_empty_queue_blocks_until_work_arrives() -> None:
+    a = Req()
+    q = StageQueue()
+    threading.Timer(0.1, lambda: q.put(WorkItem(a, "late"))).start()
+    assert [i.payload for i in q.take_batch(8, 0.0, lambda: set())] == ["late"]
+
+
+def test_close_flushes_what_is_queued_then_returns_none() -> None:
+    a, other = Req(), Req()
+    q = queue_of((a, "a1"))
+    q.close()
+    t0 = time.monotonic()
+    assert [i.payload for i in q.take_batch(8, 10.0, lambda: {id(a), id(other)})] == ["a1"]  # no waiting
+    assert time.monotonic() - t0 < 1.0
+    assert q.take_batch(8, 10.0, lambda: set()) is None
+
+
+def test_close_wakes_a_taker_blocked_on_an_empty_queue() -> None:
+    q = StageQueue()
+    threading.Timer(0.1, q.close).start()
+    assert q.take_batch(8, 0.0, lambda: set()) is None
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_max_batch_bounds_every_batch(max_batch: int) -> None:
+    reqs = [Req() for _ in range(3)]
+    q = queue_of(*[(r, str(i)) for i, r in enumerate(reqs)])
+    sizes = []
+    while len(q):
+        sizes.append(len(q.take_batch(max_batch, 0.0, lambda: set())))
+    assert max(sizes) == max_batch and sum(sizes) == 3
