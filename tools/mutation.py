@@ -67,6 +67,9 @@ asyncio_default_fixture_loop_scope = "function"
 """
 
 
+KILLED = ("killed", "timeout", "caught by type check")
+
+
 def _sync(src: Path, dst: Path) -> None:
     """Copy ``src`` to ``dst`` (file or tree), keeping mtimes; files that vanished are removed."""
     if src.is_file():
@@ -91,9 +94,11 @@ def stage() -> None:
     config = PYPROJECT.format(only=json.dumps([f"src/{m}" for m in MODULES]), tests=json.dumps(TESTS),
                               also=json.dumps(REPO_FILES))
     pyproject = STAGE / "pyproject.toml"
-    if not pyproject.exists() or pyproject.read_text() != config:
+    before = pyproject.read_text() if pyproject.exists() else ""
+    if before != config:
         pyproject.write_text(config)
-        shutil.rmtree(STAGE / "mutants", ignore_errors=True)  # a different configuration: start over
+    if before.split("\n", 3)[:3] != config.split("\n", 3)[:3]:
+        shutil.rmtree(STAGE / "mutants", ignore_errors=True)  # other modules to mutate: generate afresh
 
 
 def in_scope(mutant: str) -> str | None:
@@ -153,27 +158,33 @@ def report(min_score: float, modules: list[str]) -> int:
         mine = {m: s for m, s in statuses.items() if in_scope(m) == module}
         counts = Counter(mine.values())
         equivalent = sum(1 for m in mine if m in known)
-        killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
-        scored = len(mine) - equivalent - counts["not checked"] - counts["skipped"]
-        left = sorted(m for m, s in mine.items() if s not in ("killed", "timeout", "caught by type check")
-                      and m not in known)
+        killed = sum(1 for m, s in mine.items() if s in KILLED and m not in known)
+        unrun = sum(1 for s in mine.values() if s in ("not checked", "skipped"))
+        scored = len(mine) - equivalent - unrun
+        # "no tests" (no test reaches the code) and timeouts-free survivors both count against the score
+        left = sorted(m for m, s in mine.items() if s not in KILLED and m not in known
+                      and s not in ("not checked", "skipped"))
         survivors += left
-        rows.append((module, len(mine), killed, equivalent, len(left), 100.0 * killed / scored if scored else 100.0))
+        rows.append((module, len(mine), killed, equivalent, len(left), unrun,
+                     100.0 * killed / scored if scored else 100.0))
         total.update({"mutants": len(mine), "killed": killed, "equivalent": equivalent, "scored": scored,
-                      "left": len(left)})
-    print(f"{'module':48} {'mutants':>7} {'killed':>6} {'equiv':>5} {'left':>4} {'score':>6}")
-    for module, n, killed, equivalent, left, score in rows:
-        print(f"{module:48} {n:7} {killed:6} {equivalent:5} {left:4} {score:5.1f}%")
+                      "left": len(left), "unrun": unrun})
+    print(f"{'module':46} {'mutants':>7} {'killed':>6} {'equiv':>5} {'left':>4} {'unrun':>5} {'score':>6}")
+    for module, n, killed, equivalent, left, unrun, score in rows:
+        print(f"{module:46} {n:7} {killed:6} {equivalent:5} {left:4} {unrun:5} {score:5.1f}%")
     score = 100.0 * total["killed"] / total["scored"] if total["scored"] else 100.0
-    print(f"{'all':48} {total['mutants']:7} {total['killed']:6} {total['equivalent']:5} {total['left']:4} {score:5.1f}%")
+    print(f"{'all':46} {total['mutants']:7} {total['killed']:6} {total['equivalent']:5} {total['left']:4} "
+          f"{total['unrun']:5} {score:5.1f}%")
     for name in survivors:
         print(f"\n--- {name}: {statuses[name]}")
         diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=STAGE, capture_output=True, text=True)
         print("\n".join(line for line in diff.stdout.splitlines()[1:] if line.startswith(("+", "-", "@@"))))
     if stale:
         print(f"\n{EQUIVALENTS.relative_to(ROOT)} names mutants that no longer exist: {', '.join(stale)}")
+    if total["unrun"]:
+        print(f"\n{total['unrun']} mutants were not run (an interrupted run?): the score leaves them out")
     print(f"\nmutation score {score:.1f}% (equivalent mutants excluded; {total['left']} survivors listed above)")
-    return 0 if score >= min_score and not stale else 1
+    return 0 if score >= min_score and not stale and not total["unrun"] else 1
 
 
 def main() -> int:
