@@ -159,12 +159,12 @@ def assess(request: GpuRequest, nodes: list[Obj], pods: list[Obj]) -> Assessment
 
     free_on: dict[str, int] = {}
     excluded: list[str] = []
-    advertising = 0
+    advertised = False  # does any node offer the resource at all (excluded or not)?
     for node in nodes:
         allocatable = quantity.count(((node.get("status") or {}).get("allocatable") or {}).get(request.resource, 0))
         if allocatable <= 0:
             continue
-        advertising += 1
+        advertised = True
         why = _exclusion(node, request)
         if why == "selector":
             continue
@@ -182,7 +182,7 @@ def assess(request: GpuRequest, nodes: list[Obj], pods: list[Obj]) -> Assessment
     tail = f"; excluded: {', '.join(excluded)}" if excluded else ""
     if total >= request.replicas:
         return Assessment("True", "Sufficient", head + where + tail, total, names)
-    if advertising == 0:
+    if not advertised:
         return Assessment("False", "NoNodeAdvertisesResource",
                           f"{head}: {_advertised_elsewhere(nodes, request)}", 0, ())
     return Assessment("False", "InsufficientCapacity", head + where + tail, total, names)

@@ -157,7 +157,8 @@ def conditions_for(observed: Observed, previous: dict[str, Condition]) -> list[C
     elif problems:
         degraded = Condition(COND_DEGRADED, "True", problems[0].reason, _summarise(problems))
     elif replica_failure is not None:
-        degraded = Condition(COND_DEGRADED, "True", "ReplicaFailure", _short(replica_failure.get("message", "")))
+        degraded = Condition(COND_DEGRADED, "True", "ReplicaFailure",
+                             _short(replica_failure.get("message") or "the Deployment cannot create its pods"))
     else:
         degraded = Condition(COND_DEGRADED, "False", "AsExpected", "no failing pods")
 

@@ -244,3 +244,72 @@ def test_request_from_spec_carries_everything_the_count_depends_on() -> None:
         tolerations=({"key": "dedicated", "operator": "Equal", "value": "tts", "effect": "NoSchedule"},
                      {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
         mig_profile="2g.20gb", mig_strategy="mixed", owner="tts")
+
+
+def test_every_node_and_pod_is_looked_at_whatever_the_order() -> None:
+    """Nodes that do not count (no resource, other pool, excluded) and pods that hold nothing here
+    come first: the ones after them are still counted."""
+    nodes = [node("cpu", {}), node("other-pool", {MIG_1G: 4}, {"pool": "batch"}),
+             node("cordoned", {MIG_1G: 4}, {"pool": "tts"}, cordoned=True),
+             node("full", {MIG_1G: 2}, {"pool": "tts"}), node("a", {MIG_1G: 3}, {"pool": "tts"})]
+    pods = [pod("elsewhere", "b", MIG_1G), pod("ours", "a", MIG_1G, instance="tts"),
+            pod("x", "a", MIG_1G), pod("y", "a", MIG_1G),
+            {"metadata": {"name": "z", "labels": {}}, "spec": {"nodeName": "full", "containers": [
+                {"resources": {"requests": {MIG_1G: 2}}}]}, "status": {"phase": "Running"}}]  # requests only
+    result = assess(ask(2, node_selector={"pool": "tts"}), nodes, pods)
+    assert (result.status, result.allocatable, result.nodes) == ("False", 1, ("a",))
+    assert result.message == "2 × nvidia.com/mig-1g.10gb requested, 1 allocatable on nodes a; excluded: cordoned (cordoned)"
+    enough = assess(ask(1, node_selector={"pool": "tts"}), nodes, pods)
+    assert (enough.status, enough.allocatable, enough.nodes) == ("True", 1, ("a",))
+
+
+def test_all_advertising_nodes_excluded_says_so_without_a_node_list() -> None:
+    nodes = [node("a", {MIG_1G: 2}, ready=False), {"metadata": {"labels": {}}, "spec": {"unschedulable": True},
+                                                   "status": {"allocatable": {MIG_1G: 1}}}]
+    result = assess(ask(1), nodes, [])
+    assert (result.status, result.reason, result.allocatable, result.nodes) == ("False", "InsufficientCapacity", 0, ())
+    assert result.message == "1 × nvidia.com/mig-1g.10gb requested, 0 allocatable; excluded: a (not Ready), ? (cordoned)"
+    none = assess(ask(1), [node("cpu", {})], [])
+    assert (none.reason, none.allocatable, none.nodes) == ("NoNodeAdvertisesResource", 0, ())
+
+
+@pytest.mark.parametrize(("state", "excluded"), [("rebooting", True), ("pending", True), ("success", False)])
+def test_mig_reconfiguration_matters_only_to_mig_requests(state: str, excluded: bool) -> None:
+    n = node("a", {"nvidia.com/gpu": 1}, {"nvidia.com/mig.config.state": state})
+    assert (assess(ask(1, resource="nvidia.com/gpu", mig_profile=None), [n], []).status == "False") is excluded
+    plain = ask(1, resource="nvidia.com/gpu", mig_profile=None, mig_strategy="none")
+    assert assess(plain, [n], []).status == "True"  # a whole GPU without MIG: the MIG manager does not matter
+
+
+def test_no_strategy_hint_for_a_request_without_mig() -> None:
+    single = [node("s", {"nvidia.com/gpu": 2}, {"nvidia.com/mig.strategy": "single"})]
+    assert assess(ask(1, mig_profile=None), single, []).message.endswith(
+        "(nodes run MIG strategy single; spec.gpu.migStrategy is mixed)")
+    plain = ask(1, resource="nvidia.com/mig-1g.10gb", mig_profile=None, mig_strategy="none")
+    assert "MIG strategy" not in assess(plain, single, []).message
+
+
+def test_the_profile_hint_looks_only_at_the_pods_nodes_and_lists_each_family() -> None:
+    def gpu_node(name: str, product: str | None, pool: str) -> Obj:
+        n = node(name, {"nvidia.com/mig-1g.12gb": 7}, {"pool": pool})
+        if product is None:
+            del n["metadata"]["labels"]["nvidia.com/gpu.product"]
+        else:
+            n["metadata"]["labels"]["nvidia.com/gpu.product"] = product
+        return n
+
+    nodes = [gpu_node("batch", "NVIDIA-A100-SXM4-80GB", "batch"), gpu_node("unlabelled", None, "tts"),
+             gpu_node("h1", "NVIDIA-H100-96GB-HBM3", "tts"), gpu_node("h2", "NVIDIA-H200", "tts")]
+    result = assess(ask(1, node_selector={"pool": "tts"}), nodes, [])
+    assert (result.status, result.reason) == ("False", "MIGProfileNotOffered")
+    assert result.message == (
+        "MIG profile 1g.10gb does not exist on the cluster's GPUs; valid profiles: "
+        f"H100-96GB (nodes h1): {', '.join(mig.valid_profiles('H100-96GB'))}; "
+        f"H200-141GB (nodes h2): {', '.join(mig.valid_profiles('H200-141GB'))}")
+    assert assess(ask(1, node_selector={"pool": "batch"}), nodes, []).reason != "MIGProfileNotOffered"
+
+
+def test_single_strategy_is_carried_from_the_spec() -> None:
+    spec = parse_spec({"gpu": {"migStrategy": "single", "migProfile": "3g.40gb", "product": "NVIDIA-A100-SXM4-80GB"}})
+    request = request_from_spec("tts", spec)
+    assert request is not None and (request.mig_strategy, request.resource) == ("single", "nvidia.com/gpu")

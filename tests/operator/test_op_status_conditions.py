@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cosyvoice_operator.status import Observed, conditions_for, pod_problems
+from cosyvoice_operator.capacity import Assessment
+from cosyvoice_operator.status import Condition, Observed, conditions_for, pod_problems, transitions
 from test_op_status import dep, obs, waiting
 
 NOT_ASSESSED = ("Unknown", "NotAssessed", "GPU capacity has not been checked yet")
@@ -58,6 +59,24 @@ CASES: list[tuple[str, Observed, tuple[Any, ...]]] = [
     ("scaled-to-zero", obs(desired=0, deployment=dep(ready=0)),
      (("False", "ScaledToZero", "spec.replicas is 0: nothing serves the endpoint"),
       ("False", "RolloutComplete", "0 replicas up to date and ready"), HEALTHY, NOT_ASSESSED)),
+    ("replica-failure", obs(deployment=dep(ready=0, conditions=[
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "exceeded quota: gpu"}])),
+     (("False", "WaitingForReplicas", f"0/2 {WARMING}"), ("True", "RollingOut", "0/2 replicas updated"),
+      ("True", "ReplicaFailure", "exceeded quota: gpu"), NOT_ASSESSED)),
+    ("replica-failure-without-a-message", obs(deployment=dep(ready=2, conditions=[
+        {"type": "ReplicaFailure", "status": "True"}])),
+     (("True", "AllReplicasReady", "2/2 replicas ready"), ("False", "RolloutComplete", "2 replicas up to date and ready"),
+      ("True", "ReplicaFailure", "the Deployment cannot create its pods"), NOT_ASSESSED)),
+    ("a-deployment-status-with-only-some-counts", obs(desired=1, deployment={"status": {"replicas": 1}}),
+     (("False", "WaitingForReplicas", f"0/1 {WARMING}"), ("True", "RollingOut", "0/1 replicas updated"),
+      HEALTHY, NOT_ASSESSED)),
+    ("no-generation-recorded", obs(desired=1, deployment={"status": {"replicas": 1, "updatedReplicas": 1,
+                                                                     "readyReplicas": 1}}),
+     (("True", "AllReplicasReady", "1/1 replicas ready"), ("False", "RolloutComplete", "1 replica up to date and ready"),
+      HEALTHY, NOT_ASSESSED)),
+    ("no-capacity", obs(deployment=dep(ready=0), capacity=Assessment("False", "MIGProfileNotOffered", "no 9g.99gb")),
+     (("False", "InsufficientCapacity", "no 9g.99gb"), ("True", "RollingOut", "0/2 replicas updated"),
+      HEALTHY, ("False", "MIGProfileNotOffered", "no 9g.99gb"))),
     ("a-failing-pod-while-others-serve", obs(desired=3, deployment=dep(ready=2, updated=3, total=3),
                                              pods=[waiting("p", "CrashLoopBackOff", "back-off")]),
      (("True", "MinimumReplicasAvailable", "2/3 replicas ready"), ("True", "WaitingForReplicas", "2/3 replicas ready"),
@@ -126,3 +145,47 @@ def test_long_messages_are_cut_to_300_characters() -> None:
     assert len(problem.message) == 300 and problem.message.endswith("z…")
     (exact,) = pod_problems([waiting("p", "CrashLoopBackOff", "z" * 300)])
     assert exact.message == "z" * 300
+
+
+def test_the_summary_fits_the_condition_message_limit() -> None:
+    name = "p" * 253  # the longest pod name Kubernetes allows
+    pods = [waiting(name, "CrashLoopBackOff", "m" * 400), waiting("q", "CrashLoopBackOff")]
+    (degraded,) = [c for c in conditions_for(obs(deployment=dep(), pods=pods), {}) if c.type == "Degraded"]
+    assert len(degraded.message) == 500 and degraded.message.startswith(f"pod {name}: mmm")
+    assert degraded.message.endswith("…")
+
+
+def C(type_: str, status: str, reason: str, message: str = "m") -> Condition:
+    return Condition(type_, status, reason, message)
+
+
+READY = C("Ready", "True", "AllReplicasReady", "2/2 replicas ready")
+WAITING = C("Ready", "False", "WaitingForReplicas", "0/2")
+SHORT = C("CapacityAvailable", "False", "InsufficientCapacity", "1 allocatable")
+ENOUGH = C("CapacityAvailable", "True", "Sufficient", "7 allocatable")
+
+
+@pytest.mark.parametrize(("previous", "current", "events"), [
+    ([], [READY, ENOUGH], [("Normal", "Ready", "2/2 replicas ready")]),  # first time ready; capacity fine: quiet
+    ([], [WAITING], []),  # starting up is not news
+    ([C("Ready", "Unknown", "NotAssessed")], [READY], [("Normal", "Ready", "2/2 replicas ready")]),
+    ([READY], [C("Ready", "True", "MinimumReplicasAvailable", "1/2")], []),  # still serving
+    ([READY], [C("Ready", "False", "CrashLoopBackOff", "pod x: boom")],
+     [("Warning", "NotReady", "CrashLoopBackOff: pod x: boom")]),
+    ([WAITING], [C("Ready", "False", "ImagePullBackOff", "pod x")], []),  # was not serving: the Degraded event says it
+    ([C("Degraded", "False", "AsExpected")], [C("Degraded", "True", "OOMKilled", "pod x")],
+     [("Warning", "OOMKilled", "pod x")]),
+    ([C("Degraded", "True", "OOMKilled")], [C("Degraded", "False", "AsExpected")], []),
+    ([], [C("Degraded", "True", "InvalidSpec", "bad")], []),  # the admission error already told the author
+    ([], [SHORT], [("Warning", "InsufficientCapacity", "1 allocatable")]),
+    ([SHORT], [ENOUGH], [("Normal", "CapacityAvailable", "7 allocatable")]),
+    ([C("CapacityAvailable", "Unknown", "NotAssessed")], [ENOUGH], []),
+    ([], [ENOUGH], []),
+    ([C("Progressing", "True", "RollingOut")], [C("Progressing", "False", "RolloutComplete")], []),
+    ([READY, SHORT], [READY, C("CapacityAvailable", "True", "Sufficient", "3 allocatable")],  # unchanged first
+     [("Normal", "CapacityAvailable", "3 allocatable")]),
+    ([], [C("DemoModel", "True", "BundledDemoModelOnGPU", "demo")], [("Warning", "BundledDemoModelOnGPU", "demo")]),
+    ([], [C("DemoModel", "True", "BundledDemoModel", "demo")], [("Normal", "BundledDemoModel", "demo")]),
+])
+def test_events_an_sre_sees(previous: list[Condition], current: list[Condition], events: list[tuple[str, str, str]]) -> None:
+    assert transitions({c.type: c for c in previous}, current) == events
