@@ -1,4 +1,4 @@
-"""`cosyvoice-server`: serve, doctor, fetch, generate-model."""
+"""`cosyvoice-server`: serve, doctor, fetch, generate-model, convert."""
 
 from __future__ import annotations
 
@@ -109,6 +109,21 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    from .convert.checkpoint import ConvertError
+    from .convert.convert import convert
+    from .model.manifest import ModelLoadError
+
+    try:
+        out = convert(Path(args.checkpoint), Path(args.out), [p.strip() for p in args.precision.split(",") if p.strip()], args.name)
+    except (ConvertError, ModelLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cosyvoice-server", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -123,8 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--preset", default="tiny", help="size preset (tiny)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True)
+    c = sub.add_parser("convert", help="convert a published CosyVoice2 checkpoint into a model directory",
+                       description="Needs the 'convert' extra and upstream's model code: pip install "
+                                   "'cosyvoice-server[convert]' && pip install --no-deps cosyvoice-minicpmo==0.1.0")
+    c.add_argument("--checkpoint", required=True, help="the CosyVoice2-0.5B directory as published (cosyvoice2.yaml, llm.pt, ...)")
+    c.add_argument("--out", required=True, help="model directory to create (must not exist)")
+    c.add_argument("--precision", default="fp32", help="fp32 or fp32,fp16 (fp16 files for the GPU)")
+    c.add_argument("--name", help="model name in model.yaml and the API (default: the checkpoint directory's name)")
     args = parser.parse_args(argv)
-    return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "generate-model": _generate}[args.command](args)
+    return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "generate-model": _generate,
+            "convert": _convert}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from .model.manifest import voice_aliases
 from .metrics import Metrics
 from .scheduling.request import Done, Outcome, SynthesisRequest
 from .scheduling.scheduler import Scheduler, SchedulerConfig
-from .streaming import ChunkPlanner, Stitcher
+from .streaming import ChunkPlanner
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +74,19 @@ class ServerState:
     def new_request(self, body: SpeechRequest) -> SynthesisRequest:
         p = self.pipeline
         m = p.manifest
+        st = m.streaming
+        voice = p.voices[self.voice(body.voice_id)]
+        # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.
+        chunked = body.streaming and body.speed == 1.0
         return SynthesisRequest(
             segments=p.frontend.segments(body.input),
-            voice=p.voices[self.voice(body.voice_id)],
+            voice=voice,
             speed=body.speed,
             seed=body.seed,
             deadline=time.monotonic() + self.settings.request_timeout_s,
             loop=asyncio.get_running_loop(),
-            planner=ChunkPlanner(m.streaming.first_hop_tokens, m.streaming.max_hop_tokens, m.flow.pre_lookahead_tokens),
-            stitcher=Stitcher(m.streaming.crossfade_frames * m.hop_samples),
+            planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
+                                 len(voice.prompt_speech_tokens), chunked),
         )
 
     def record(self, code: int, started: float) -> None:

@@ -1,71 +1,101 @@
-"""Per-request chunking and seam stitching for streamed synthesis.
+"""Per-request chunking and vocoder seams, as upstream CosyVoice2Model (`cli/model.py`, `tts` and
+`token2wav`) does them.
 
-As CosyVoice2 does, the first chunk is cut after `first_hop_tokens` (+ the flow's pre-lookahead),
-and each later hop doubles up to `max_hop_tokens`. Unlike upstream (issue #1798), the hop lives in
-the request's own planner and is never shared between requests.
+Chunks: each text segment is one upstream `tts` call. While streaming, a chunk is cut once the
+segment has `hop + pre_lookahead` tokens past the offset; the first hop of a segment is padded by
+`prompt_token_pad` so chunk boundaries align with the flow's attention chunks; the hop then grows by
+`hop_growth` up to `max_hop`. Each chunk re-runs the flow over all tokens so far (the flow's output for
+earlier tokens depends on later ones only through the lookahead), and the segment ends with one
+final chunk over all its tokens with streaming masks off. Upstream keeps the hop on the shared model,
+so later requests start with long hops (its issue #1798); here the hop belongs to the request.
 
-Seams: each chunk is vocoded together with the last few mel frames of the previous chunk; the audio
-of those frames is produced twice and cross-faded with a raised-cosine window, so the stream has no
-clicks and its total length is exactly tokens x samples_per_token / speed.
+Seams: the vocoder re-runs the last `mel_cache` frames of the previous chunk, with the previous
+chunk's source signal for them; the audio of those frames is cross-faded with the previous chunk's
+held-back tail by a Hamming window and the new tail is held back until the next chunk.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 
+@dataclass(frozen=True)
+class Span:
+    offset: int  # tokens of this segment already returned
+    end: int  # tokens returned once this chunk is done
+    final: bool  # finalize: all tokens, no context, streaming masks off
+
+
 class ChunkPlanner:
-    def __init__(self, first_hop: int, max_hop: int, lookahead: int) -> None:
-        self.offset = 0
+    def __init__(self, first_hop: int, max_hop: int, growth: int, lookahead: int, prompt_tokens: int, stream: bool) -> None:
         self.hop = first_hop
         self.max_hop = max_hop
+        self.growth = growth
         self.lookahead = lookahead
+        self.prompt_tokens = prompt_tokens
+        self.stream = stream
+        self.new_segment()
 
-    def next(self, available: int, finished: bool) -> tuple[int, int] | None:
-        """Token range [start, end) of the next chunk, or None when it must wait for more tokens."""
-        if finished:
-            if available > self.offset:
-                start, self.offset = self.offset, available
-                return start, available
+    def new_segment(self) -> None:
+        self.offset = 0
+        self.ended = False
+        self.pad = math.ceil(self.prompt_tokens / self.hop) * self.hop - self.prompt_tokens
+
+    def next(self, available: int, finished: bool) -> Span | None:
+        """The next chunk of the current segment, or None until more tokens (or its end) arrive."""
+        if self.ended:
             return None
-        if available >= self.offset + self.hop + self.lookahead:
-            start, self.offset = self.offset, self.offset + self.hop
-            self.hop = min(self.hop * 2, self.max_hop)
-            return start, self.offset
+        if self.stream:
+            hop = self.hop + self.pad if self.offset == 0 else self.hop
+            if available - self.offset >= hop + self.lookahead:
+                span = Span(self.offset, self.offset + hop, False)
+                self.offset += hop
+                self.hop = min(self.max_hop, self.hop * self.growth)
+                return span
+        if finished:
+            self.ended = True
+            return Span(self.offset, available, True)
         return None
 
 
-def stretch_mel(mel: np.ndarray, speed: float) -> np.ndarray:
-    """Time-scales mel[80, F] by 1/speed (linear interpolation), as CosyVoice does for `speed`."""
-    if speed == 1.0:
+def interpolate_mel(mel: np.ndarray, speed: float) -> np.ndarray:
+    """F.interpolate(mel[None], size=int(T / speed), mode='linear') with torch's float32 index math."""
+    t = mel.shape[1]
+    size = int(t / speed)
+    if speed == 1.0 or size == t:
         return mel
-    frames = max(1, int(round(mel.shape[1] / speed)))
-    src = np.linspace(0, mel.shape[1] - 1, frames)
-    lo = np.floor(src).astype(int)
-    hi = np.minimum(lo + 1, mel.shape[1] - 1)
-    w = (src - lo).astype(np.float32)
-    return (mel[:, lo] * (1 - w) + mel[:, hi] * w).astype(np.float32)
+    scale = np.float32(t) / np.float32(size)
+    src = np.maximum(scale * (np.arange(size, dtype=np.float32) + np.float32(0.5)) - np.float32(0.5), np.float32(0))
+    i0 = src.astype(np.int64)
+    lam = np.clip(src - i0.astype(np.float32), 0, 1).astype(np.float32)
+    i1 = np.minimum(i0 + 1, t - 1)
+    return (mel[:, i0] * (np.float32(1) - lam) + mel[:, i1] * lam).astype(np.float32)
 
 
-class Stitcher:
-    """Turns vocoded chunks (each starting with `context` samples that repeat the previous chunk's
-    held-back tail) into a seamless sample stream."""
+@dataclass
+class HiftCache:
+    mel: np.ndarray  # [80, mel_cache] last frames of the previous chunk's vocoder input
+    source: np.ndarray  # [mel_cache * hop] their source signal
+    speech: np.ndarray  # [mel_cache * hop] their audio, held back
 
-    def __init__(self, overlap_samples: int) -> None:
-        self.overlap = overlap_samples
-        self.held = np.zeros(0, np.float32)
 
-    def push(self, audio: np.ndarray, context: int, final: bool) -> np.ndarray:
-        if context:
-            fade_in = np.sin(np.linspace(0, np.pi / 2, context, dtype=np.float32)) ** 2
-            head = self.held[-context:] * (1 - fade_in) + audio[:context] * fade_in
-            out = [self.held[:-context], head, audio[context:]]
-        else:
-            out = [self.held, audio]
-        stream = np.concatenate(out)
-        if final:
-            self.held = np.zeros(0, np.float32)
-            return stream
-        keep = min(self.overlap, len(audio) - context)
-        self.held = stream[len(stream) - keep :]
-        return stream[: len(stream) - keep]
+def fade_in_out(speech: np.ndarray, previous: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Upstream's `fade_in_out`: the head of the new audio fades in over the held-back tail (float64 window)."""
+    n = len(window) // 2
+    out = speech.copy()
+    out[:n] = (speech[:n] * window[:n] + previous[-n:] * window[n:]).astype(np.float32)
+    return out
+
+
+def seam(speech: np.ndarray, source: np.ndarray, vocoded_mel: np.ndarray, cache: HiftCache | None, final: bool,
+         mel_cache: int, hop: int, window: np.ndarray) -> tuple[np.ndarray, HiftCache | None]:
+    """Audio to send for one vocoded chunk and the cache for the next (None after a segment's final chunk)."""
+    if cache is not None:
+        speech = fade_in_out(speech, cache.speech, window)
+    if final:
+        return speech, None
+    keep = mel_cache * hop
+    return speech[:-keep], HiftCache(vocoded_mel[:, -mel_cache:], source[-keep:], speech[-keep:])

@@ -8,61 +8,69 @@ import pytest
 
 from cosyvoice_server.config import BUNDLED_MODEL
 from cosyvoice_server.engine.pipeline import Pipeline
-from cosyvoice_server.engine.sampling import sample_tokens
+from cosyvoice_server.engine.sampling import nucleus, sample_tokens
 from cosyvoice_server.frontend import TextFrontend, normalize
 from cosyvoice_server.scheduling.batching import should_dispatch
-from cosyvoice_server.streaming import ChunkPlanner, Stitcher, stretch_mel
+from cosyvoice_server.streaming import ChunkPlanner, Span, interpolate_mel, seam
 
 
 def test_hops_start_at_first_hop_plus_lookahead_and_double_to_the_max():
-    p = ChunkPlanner(first_hop=25, max_hop=100, lookahead=3)
+    p = ChunkPlanner(first_hop=25, max_hop=100, growth=2, lookahead=3, prompt_tokens=0, stream=True)
     assert p.next(27, False) is None
-    assert p.next(28, False) == (0, 25)
+    assert p.next(28, False) == Span(0, 25, False)
     spans = [p.next(n, False) for n in range(28, 400)]
     spans = [s for s in spans if s]
-    assert [b - a for a, b in spans][:4] == [50, 100, 100, 100]
+    assert [s.end - s.offset for s in spans][:4] == [50, 100, 100, 100]
     end = p.offset
-    assert p.next(end + 3, True) == (end, end + 3)  # the end flushes whatever is left, lookahead included
+    assert p.next(end + 3, True) == Span(end, end + 3, True)  # the end: one final chunk over what is left
+    assert p.next(end + 3, True) is None
 
 
-def test_planner_flushes_the_tail_and_state_is_per_request():
-    a, b = ChunkPlanner(25, 100, 3), ChunkPlanner(25, 100, 3)
-    for n in range(200):
+def test_first_hop_is_padded_to_align_with_the_prompt_and_state_is_per_request():
+    # 17 prompt tokens: upstream pads the first hop by ceil(17/25)*25 - 17 = 8 tokens
+    a = ChunkPlanner(25, 100, 2, 3, prompt_tokens=17, stream=True)
+    b = ChunkPlanner(25, 100, 2, 3, prompt_tokens=17, stream=True)
+    assert a.next(35, False) is None and a.next(36, False) == Span(0, 33, False)
+    for n in range(36, 400):
         a.next(n, False)
     assert a.hop == 100 and b.hop == 25  # the upstream bug (#1798) shared and never reset this
-    assert b.next(10, True) == (0, 10)
-    assert b.next(10, True) is None
+    a.new_segment()  # the next segment starts at offset 0 with the request's hop, padded by it: 100 + 83
+    assert a.next(185, False) is None and a.next(186, False) == Span(0, 183, False)
 
 
-def test_stitcher_keeps_exact_length_and_crossfades_the_seam():
-    overlap = 960
-    st = Stitcher(overlap)
+def test_without_streaming_a_segment_is_one_final_chunk():
+    p = ChunkPlanner(25, 100, 2, 3, prompt_tokens=0, stream=False)
+    assert p.next(500, False) is None
+    assert p.next(500, True) == Span(0, 500, True)
+
+
+def test_seams_cross_fade_with_a_hamming_window_and_hold_back_the_cache():
+    hop, cache = 480, 8
+    window = np.hamming(2 * cache * hop)
     rng = np.random.default_rng(0)
-    first = rng.standard_normal(4800).astype(np.float32)
-    out1 = st.push(first, 0, False)
-    assert len(out1) == 4800 - overlap
-    # the next chunk re-synthesizes the held-back tail; identical audio must come out unchanged
-    second = np.concatenate([first[-overlap:], rng.standard_normal(2400).astype(np.float32)])
-    out2 = st.push(second, overlap, True)
-    stream = np.concatenate([out1, out2])
-    assert len(stream) == 4800 + 2400
-    np.testing.assert_allclose(stream[:4800], first, atol=1e-6)
+    first = rng.standard_normal(30 * hop).astype(np.float32)
+    mel1 = rng.standard_normal((80, 30)).astype(np.float32)
+    out1, c = seam(first, first * 0.1, mel1, None, False, cache, hop, window)
+    assert len(out1) == 22 * hop and c is not None
+    np.testing.assert_array_equal(c.mel, mel1[:, -8:])
+    np.testing.assert_array_equal(c.speech, first[-8 * hop:])
+    # the next chunk re-vocodes the 8 cached frames; their audio fades in over the held-back tail
+    second = rng.standard_normal(18 * hop).astype(np.float32)
+    out2, c2 = seam(second, second, np.zeros((80, 18), np.float32), c, True, cache, hop, window)
+    assert c2 is None and len(out2) == 18 * hop  # nothing lost or doubled: 22 + 18 frames of audio
+    np.testing.assert_array_equal(out1, first[: 22 * hop])
+    n = cache * hop
+    np.testing.assert_allclose(out2[:n], second[:n] * window[:n] + first[-n:] * window[n:], atol=1e-6)
+    np.testing.assert_array_equal(out2[n:], second[n:])
 
 
-def test_stitcher_blends_differing_overlaps_smoothly():
-    st = Stitcher(480)
-    st.push(np.ones(960, np.float32), 0, False)
-    out = st.push(np.concatenate([-np.ones(480, np.float32), -np.ones(480, np.float32)]), 480, True)
-    seam = out[:480]
-    assert seam[0] == pytest.approx(1.0, abs=1e-3) and seam[-1] == pytest.approx(-1.0, abs=1e-3)
-    assert np.all(np.diff(seam) <= 1e-6)  # a ramp, not a jump
-
-
-def test_stretch_mel_scales_frames():
+def test_speed_interpolates_the_mel_like_torch_linear():
     mel = np.random.default_rng(1).standard_normal((80, 100)).astype(np.float32)
-    assert stretch_mel(mel, 2.0).shape == (80, 50)
-    assert stretch_mel(mel, 0.5).shape == (80, 200)
-    assert stretch_mel(mel, 1.0) is mel
+    assert interpolate_mel(mel, 2.0).shape == (80, 50)
+    assert interpolate_mel(mel, 0.5).shape == (80, 200)
+    assert interpolate_mel(mel, 1.3).shape == (80, int(100 / 1.3))
+    assert interpolate_mel(mel, 1.0) is mel
+    np.testing.assert_allclose(interpolate_mel(mel, 0.5)[:, 1], 0.75 * mel[:, 0] + 0.25 * mel[:, 1], atol=1e-6)
 
 
 @pytest.mark.parametrize("ready, max_batch, expected, waited, delay, go", [
@@ -77,17 +85,26 @@ def test_dispatch_decision(ready, max_batch, expected, waited, delay, go):
     assert should_dispatch(ready, max_batch, expected, waited, delay) is go
 
 
-def test_sampling_respects_min_length_and_top_k():
+def test_sampling_masks_eos_under_min_length_and_stops_on_any_special_token():
     rng = [np.random.default_rng(i) for i in range(64)]
-    logits = np.zeros((64, 12), np.float32)
+    logits = np.zeros((64, 13), np.float32)
     logits[:, 10] = 50.0  # eos (= index 10) dominates ...
-    logits[:, 11] = 100.0  # ... and a fill token beyond eos must never be sampled
     logits[:, 3] = 49.0
     allow = np.array([i % 2 == 0 for i in range(64)])
     out = sample_tokens(logits, [[] for _ in range(64)], rng, allow, eos=10, top_k=2, top_p=1.0, win_size=10, tau_r=0.1)
     assert np.all(out[~allow] == 3)  # eos masked before the minimum length
-    assert np.all(out < 11)
     assert np.mean(out[allow] == 10) > 0.5
+    logits[:, 12] = 60.0  # a fill token past eos is sampled like any token (and stops the sequence upstream)
+    out = sample_tokens(logits, [[] for _ in range(64)], rng, allow, eos=10, top_k=1, top_p=1.0, win_size=10, tau_r=0.1)
+    assert np.all(out == 12)
+
+
+def test_nucleus_takes_tokens_while_the_mass_before_them_is_below_top_p():
+    probs = np.array([0.1, 0.5, 0.3, 0.05, 0.05], np.float32)
+    idx, p = nucleus(probs, top_p=0.8, top_k=25)
+    assert idx.tolist() == [1, 2]  # 0.5 < 0.8 -> take 0.3; then 0.8 is not < 0.8: stop (no renormalising first)
+    assert nucleus(probs, top_p=0.85, top_k=25)[0].tolist() == [1, 2, 0]
+    assert nucleus(probs, top_p=1.0, top_k=2)[0].tolist() == [1, 2]
 
 
 def test_repetition_aware_sampling_escapes_a_loop():

@@ -57,7 +57,8 @@ class LLMEngine:
 
     # Building a sequence ---------------------------------------------------------------------
     def sequence(self, text: np.ndarray, prompt_text: np.ndarray, prompt_speech: np.ndarray, rng: np.random.Generator, owner: Any) -> Sequence:
-        """CosyVoice2's LLM input: [sos, prompt text + text, task_id, prompt speech tokens]."""
+        """CosyVoice2's LLM input: [sos, prompt text + text, task_id, prompt speech tokens]; at least
+        min_len and at most max_len speech tokens, both counted on the text without the prompt text."""
         all_text = np.concatenate([prompt_text, text]) if len(prompt_text) else text
         parts = [self.sos[None], self.text_embedding[all_text], self.task[None]]
         if len(prompt_speech):
@@ -66,7 +67,7 @@ class LLMEngine:
         return Sequence(
             prompt=np.concatenate(parts).astype(np.float32),
             min_len=int(n * self.spec.min_token_text_ratio),
-            max_len=max(1, int(n * self.spec.max_token_text_ratio)),
+            max_len=int(n * self.spec.max_token_text_ratio),
             rng=rng,
             owner=owner,
         )
@@ -95,7 +96,7 @@ class LLMEngine:
         tokens = sample_tokens(logits, [q.tokens for q in seqs], [q.rng for q in seqs], allow_eos, self.eos,
                                s.top_k, s.top_p, s.win_size, s.tau_r)
         for q, t in zip(seqs, tokens):
-            if t == self.eos:
+            if t >= self.eos:  # eos or one of the fill tokens: upstream's stop_token_ids
                 q.done = True
             else:
                 q.tokens.append(int(t))

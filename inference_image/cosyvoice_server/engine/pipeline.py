@@ -54,6 +54,17 @@ def load_voices(model_dir: Path, m: Manifest) -> dict[str, Voice]:
     return voices
 
 
+def load_flow_noise(model_dir: Path, m: Manifest) -> np.ndarray:
+    path = model_dir / m.flow.noise
+    try:
+        noise = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: not a readable .npy file ({exc})") from exc
+    if noise.ndim != 2 or noise.shape[0] != m.flow.mel_bins or noise.dtype != np.float32:
+        raise ModelLoadError(f"{path}: flow noise is {noise.dtype} {noise.shape}, expected float32 ({m.flow.mel_bins}, frames)")
+    return noise
+
+
 def choose_precision(requested: str, device: str, m: Manifest) -> Precision:
     """`auto` takes FP16 files on CUDA when the manifest provides them for every stage, else FP32."""
     if requested != "auto":
@@ -79,7 +90,8 @@ class Pipeline:
         emb = _load_npz(model_dir / m.llm.embeddings, ("text_embedding", "speech_embedding", "llm_embedding"))
         self.llm = LLMEngine(self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
         self.flow = FlowEngine(self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),
-                               stage_file(model_dir, m.flow.estimator, p, "flow.estimator"), m.flow, m.token_mel_ratio)
+                               stage_file(model_dir, m.flow.estimator, p, "flow.estimator"), m.flow, m.token_mel_ratio,
+                               load_flow_noise(model_dir, m))
         self.vocoder = VocoderEngine(self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"), m.hop_samples)
         self.voices = load_voices(model_dir, m)
         if m.voices.default not in self.voices:

@@ -11,6 +11,7 @@ the same bytes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ SAMPLE_RATE = 24000
 MEL_BINS = 80
 HOP_SAMPLES = 480  # one mel frame; 2 frames per speech token -> 960 samples per token
 SPK_DIM = 192
+HARMONICS = 9  # HiFT's source: the fundamental and 8 harmonics
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Preset:
     max_text_tokens_per_segment: int = 80
     n_timesteps: int = 10
     fp16: bool = True
+    # Flow noise buffer length in mel frames (upstream's is 15000, 300 s); it bounds one segment's audio.
+    noise_frames: int = 15000
     external_data: bool = False  # weights beside the graph (needed past protobuf's 2 GB)
 
 
@@ -73,6 +77,7 @@ PRESETS = {
         enc_dim=16, enc_blocks=1, enc_up_blocks=1, enc_heads=2, enc_ff=32,
         est_channels=16, est_resnets=1, est_transformers=1, est_heads=2, est_head_dim=8, est_ff=32, est_kernel=1,
         voc_channels=(32, 16, 8, 4), voc_res_kernels=(3,), voc_dilations=(1,),
+        noise_frames=4000,  # 80 s: above the longest segment (80 text tokens x 20 speech tokens x 2 frames)
     ),
     # CosyVoice2-0.5B's layer sizes (FIELD: Qwen2-0.5B body, UpsampleConformerEncoder 512/8 heads/6+4 blocks,
     # CausalConditionalDecoder 256 channels with 4 + 12 x 4 transformer blocks, HiFT 512 base channels).
@@ -104,26 +109,70 @@ class _Init:
         return np.zeros(shape, np.float32)
 
 
-def build_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """One decoder forward over new positions with a KV cache; returns last-position logits.
+@dataclass(frozen=True)
+class LLMShape:
+    """A Qwen2 decoder with CosyVoice2's speech head: what the LLM graph builder needs to know."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mlp: int
+    speech_vocab: int  # eos = speech_vocab; the head has SPECIAL_TOKENS more outputs
+    rope_theta: float = 1e6
+    rms_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def vocab(self) -> int:
+        return self.speech_vocab + SPECIAL_TOKENS
+
+
+# A weight source: (name, shape) -> array. Linear weights are [in, out]. Names: layers.{i}.{q,k,v,o}_proj.weight,
+# layers.{i}.{q,k,v}_proj.bias, layers.{i}.{gate,up,down}_proj.weight, layers.{i}.input_layernorm.weight,
+# layers.{i}.post_attention_layernorm.weight, norm.weight, llm_decoder.weight, llm_decoder.bias.
+Weights = Callable[[str, tuple[int, ...]], np.ndarray]
+
+
+def _random_llm_weights(p: Preset, init: _Init) -> Weights:
+    def weight(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name.endswith("norm.weight"):
+            return np.ones(shape, np.float32)
+        if name == "llm_decoder.bias":
+            bias = init.zeros(*shape)
+            # Random weights never choose to stop; a fixed bias on eos gives utterances of plausible length.
+            bias[p.speech_vocab] = p.eos_bias
+            return bias
+        if name.endswith(".bias"):
+            return init.zeros(*shape)
+        return init.w(*shape)
+
+    return weight
+
+
+def build_llm(s: LLMShape, weight: Weights) -> onnx.ModelProto:
+    """One Qwen2 decoder forward over new positions with a KV cache; returns last-position logits of the
+    speech head (`llm_decoder`).
 
     Inputs: inputs_embeds[B,S,H], attention_mask[B,P+S] (1 = real, 0 = left padding),
     position_ids[B,S], past_key_values.{i}.key/value[B,kv_heads,P,head_dim].
     Outputs: logits[B,V], present.{i}.key/value[B,kv_heads,P+S,head_dim].
     """
-    head_dim = p.hidden // p.heads
-    rep = p.heads // p.kv_heads
-    vocab = p.speech_vocab + SPECIAL_TOKENS
+    head_dim = s.head_dim
+    rep = s.heads // s.kv_heads
     g = GraphBuilder("llm")
-    x = g.input("inputs_embeds", "float32", ["batch", "seq", p.hidden])
+    x = g.input("inputs_embeds", "float32", ["batch", "seq", s.hidden])
     am = g.input("attention_mask", "int64", ["batch", "total"])
     pos = g.input("position_ids", "int64", ["batch", "seq"])
     pasts = []
-    for i in range(p.layers):
+    for i in range(s.layers):
         pasts.append(
             (
-                g.input(f"past_key_values.{i}.key", "float32", ["batch", p.kv_heads, "past", head_dim]),
-                g.input(f"past_key_values.{i}.value", "float32", ["batch", p.kv_heads, "past", head_dim]),
+                g.input(f"past_key_values.{i}.key", "float32", ["batch", s.kv_heads, "past", head_dim]),
+                g.input(f"past_key_values.{i}.value", "float32", ["batch", s.kv_heads, "past", head_dim]),
             )
         )
 
@@ -138,8 +187,10 @@ def build_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.nda
     allowed = g.op("And", [causal, pad_ok])
     mask_add = g.op("Where", [allowed, g.const(np.float32(0.0)), g.const(np.float32(-1e4))])
 
-    # Rotary embeddings from per-row positions (rows of a batch are at different positions).
-    inv_freq = (1.0 / (p.rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+    # Rotary embeddings from per-row positions (rows of a batch are at different positions). inv_freq is
+    # computed in float32 as transformers' Qwen2 does, so angles agree at long positions.
+    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / np.power(np.float32(s.rope_theta), exponents, dtype=np.float32)).astype(np.float32)
     posf = g.op("Unsqueeze", [g.op("Cast", [pos], to=onnx.TensorProto.FLOAT), g.const(i64(-1))])
     freqs = g.op("Mul", [posf, g.const(inv_freq)])
     emb = g.op("Unsqueeze", [g.op("Concat", [freqs, freqs], axis=-1), g.const(i64(1))])
@@ -157,79 +208,96 @@ def build_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.nda
         # [B,kv,T,d] -> [B,kv*rep,T,d] (grouped-query attention, as Qwen2)
         shp = g.op("Concat", [g.shape_of(t, 0, 2), g.const(i64(rep)), g.shape_of(t, 2, 4)], axis=0)
         expanded = g.op("Expand", [g.op("Unsqueeze", [t, g.const(i64(2))]), shp])
-        return g.op("Reshape", [expanded, g.const(i64(0, p.heads, -1, head_dim))])
+        return g.op("Reshape", [expanded, g.const(i64(0, s.heads, -1, head_dim))])
+
+    def linear(x: str, name: str, n_in: int, n_out: int, bias: bool) -> str:
+        w = weight(f"{name}.weight", (n_in, n_out))
+        return g.linear(x, w, weight(f"{name}.bias", (n_out,)) if bias else None, name)
+
+    def norm(x: str, name: str) -> str:
+        return g.rms_norm(x, weight(f"{name}.weight", (s.hidden,)), name, eps=s.rms_eps)
 
     h = x
-    weights: dict[str, np.ndarray] = {}
-    for i in range(p.layers):
-        hn = g.rms_norm(h, np.ones(p.hidden, np.float32), f"layers.{i}.input_layernorm")
-        q = rope(heads(g.linear(hn, init.w(p.hidden, p.hidden), init.zeros(p.hidden), f"layers.{i}.q_proj"), p.heads))
-        kv_dim = p.kv_heads * head_dim
-        k = rope(heads(g.linear(hn, init.w(p.hidden, kv_dim), init.zeros(kv_dim), f"layers.{i}.k_proj"), p.kv_heads))
-        v = heads(g.linear(hn, init.w(p.hidden, kv_dim), init.zeros(kv_dim), f"layers.{i}.v_proj"), p.kv_heads)
+    kv_dim = s.kv_heads * head_dim
+    for i in range(s.layers):
+        hn = norm(h, f"layers.{i}.input_layernorm")
+        q = rope(heads(linear(hn, f"layers.{i}.q_proj", s.hidden, s.hidden, True), s.heads))
+        k = rope(heads(linear(hn, f"layers.{i}.k_proj", s.hidden, kv_dim, True), s.kv_heads))
+        v = heads(linear(hn, f"layers.{i}.v_proj", s.hidden, kv_dim, True), s.kv_heads)
         pk = g.op("Concat", [pasts[i][0], k], axis=2)
         pv = g.op("Concat", [pasts[i][1], v], axis=2)
-        g.output(pk, f"present.{i}.key", "float32", ["batch", p.kv_heads, "total", head_dim])
-        g.output(pv, f"present.{i}.value", "float32", ["batch", p.kv_heads, "total", head_dim])
+        g.output(pk, f"present.{i}.key", "float32", ["batch", s.kv_heads, "total", head_dim])
+        g.output(pv, f"present.{i}.value", "float32", ["batch", s.kv_heads, "total", head_dim])
         scores = g.op("MatMul", [q, g.op("Transpose", [repeat_kv(pk)], perm=[0, 1, 3, 2])])
         scores = g.op("Add", [g.op("Mul", [scores, g.const(np.float32(1.0 / np.sqrt(head_dim)))]), mask_add])
         attn = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), repeat_kv(pv)])
         attn = g.op("Reshape", [g.op("Transpose", [attn], perm=[0, 2, 1, 3]), g.const(i64(0, 0, -1))])
-        h = g.op("Add", [h, g.linear(attn, init.w(p.hidden, p.hidden), None, f"layers.{i}.o_proj")])
-        hn = g.rms_norm(h, np.ones(p.hidden, np.float32), f"layers.{i}.post_attention_layernorm")
-        gate = g.linear(hn, init.w(p.hidden, p.mlp), None, f"layers.{i}.gate_proj")
-        up = g.linear(hn, init.w(p.hidden, p.mlp), None, f"layers.{i}.up_proj")
-        h = g.op("Add", [h, g.linear(g.op("Mul", [g.silu(gate), up]), init.w(p.mlp, p.hidden), None, f"layers.{i}.down_proj")])
-    h = g.rms_norm(h, np.ones(p.hidden, np.float32), "norm")
+        h = g.op("Add", [h, linear(attn, f"layers.{i}.o_proj", s.hidden, s.hidden, False)])
+        hn = norm(h, f"layers.{i}.post_attention_layernorm")
+        gate = linear(hn, f"layers.{i}.gate_proj", s.hidden, s.mlp, False)
+        up = linear(hn, f"layers.{i}.up_proj", s.hidden, s.mlp, False)
+        h = g.op("Add", [h, linear(g.op("Mul", [g.silu(gate), up]), f"layers.{i}.down_proj", s.mlp, s.hidden, False)])
+    h = norm(h, "norm")
     last = g.op("Squeeze", [g.op("Slice", [h, g.const(i64(-1)), g.const(i64(2**62)), g.const(i64(1))]), g.const(i64(1))])
-    head_bias = init.zeros(vocab)
-    # Random weights never choose to stop; a fixed bias on eos gives utterances of plausible length.
-    head_bias[p.speech_vocab] = p.eos_bias
-    logits = g.linear(last, init.w(p.hidden, vocab), head_bias, "llm_decoder")
-    g.output(logits, "logits", "float32", ["batch", vocab])
+    logits = linear(last, "llm_decoder", s.hidden, s.vocab, True)
+    g.output(logits, "logits", "float32", ["batch", s.vocab])
+    return g.model("CosyVoice2 LLM decoder step with KV cache")
 
+
+def _random_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    shape = LLMShape(p.hidden, p.layers, p.heads, p.kv_heads, p.mlp, p.speech_vocab, p.rope_theta)
+    model = build_llm(shape, _random_llm_weights(p, init))
     # Embedding tables stay outside the graph (numpy lookups on the host): a real Qwen2 text table is
     # 151936 x 896 and would otherwise be copied into every step's graph inputs.
-    weights["text_embedding"] = init.w(256, p.hidden, fan_in=1) * 0.5
-    weights["speech_embedding"] = init.w(vocab, p.hidden, fan_in=1) * 0.5
-    weights["llm_embedding"] = init.w(2, p.hidden, fan_in=1) * 0.5  # sos_eos, task_id
-    return g.model("CosyVoice2-style LLM decoder step with KV cache (random weights)"), weights
+    weights = {
+        "text_embedding": init.w(256, p.hidden, fan_in=1) * 0.5,
+        "speech_embedding": init.w(shape.vocab, p.hidden, fan_in=1) * 0.5,
+        "llm_embedding": init.w(2, p.hidden, fan_in=1) * 0.5,  # sos, task_id
+    }
+    return model, weights
 
 
 def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
-    """Speech tokens -> mu[B,80,2N] (token_mel_ratio 2), speaker embedding -> spks[B,80]."""
+    """Speech tokens (+ pre-lookahead context tokens) -> mu[B,80,2N] (token_mel_ratio 2, zero past
+    2 x token_len), speaker embedding -> spks[B,80]; streaming rows use chunk attention masks."""
     d = p.enc_dim
     g = GraphBuilder("flow_encoder")
     tok = g.input("token", "int64", ["batch", "tokens"])
     tok_len = g.input("token_len", "int64", ["batch"])
+    ctx_len = g.input("context_len", "int64", ["batch"])
+    streaming = g.input("streaming", "int64", ["batch"])
     spk = g.input("embedding", "float32", ["batch", SPK_DIM])
     n = g.op("Squeeze", [g.shape_of(tok, 1, 2)])
-    valid = g.op("Less", [g.op("Unsqueeze", [g.op("Range", [g.const(np.int64(0)), n, g.const(np.int64(1))]), g.const(i64(0))]),
-                          g.op("Unsqueeze", [tok_len, g.const(i64(1))])])
-    maskf = g.op("Unsqueeze", [g.op("Cast", [valid], to=onnx.TensorProto.FLOAT), g.const(i64(1))])  # [B,1,N]
+    pos = g.op("Unsqueeze", [g.op("Range", [g.const(np.int64(0)), n, g.const(np.int64(1))]), g.const(i64(0))])
+
+    def below(length: str) -> str:  # [B,1,N] float mask of positions < length
+        valid = g.op("Less", [pos, g.op("Unsqueeze", [length, g.const(i64(1))])])
+        return g.op("Unsqueeze", [g.op("Cast", [valid], to=onnx.TensorProto.FLOAT), g.const(i64(1))])
+
+    maskf = below(tok_len)
     emb = g.op("Gather", [g.const(init.w(p.speech_vocab + SPECIAL_TOKENS, d, fan_in=1) * 0.5, "input_embedding"), tok])
-    h = g.op("Mul", [g.op("Transpose", [emb], perm=[0, 2, 1]), maskf])  # [B,D,N]
-    # Pre-lookahead: each token also sees the next 3 (CosyVoice2's PreLookaheadLayer), pad on the right.
+    h = g.op("Mul", [g.op("Transpose", [emb], perm=[0, 2, 1]), below(g.op("Add", [tok_len, ctx_len]))])  # [B,D,N]
+    # Pre-lookahead: each token also sees the next 3 (the context tokens at a chunk's end), pad on the right.
     la = g.op("Pad", [h, g.const(i64(0, 0, 0, 0, 0, 3))])
     la = g.op("LeakyRelu", [g.op("Conv", [la, g.const(init.w(d, d, 4, fan_in=4 * d), "pre_lookahead.weight"),
                                           g.const(init.zeros(d), "pre_lookahead.bias")])], alpha=0.01)
     h = g.op("Add", [h, la])
 
-    def blocks(h: str, mask: str, count: int, hint: str) -> str:
+    def blocks(h: str, mask: str, count: int, hint: str, chunk: int) -> str:
         x = g.op("Transpose", [h], perm=[0, 2, 1])
-        key = g.key_mask(mask)
+        key = g.chunk_key_mask(mask, streaming, chunk)
         for i in range(count):
             x = g.transformer_block(x, key, d, p.enc_heads, d // p.enc_heads, p.enc_ff, init.w, f"{hint}.{i}")
         return g.op("Mul", [g.op("Transpose", [x], perm=[0, 2, 1]), mask])
 
-    h = blocks(h, maskf, p.enc_blocks, "encoders")
+    h = blocks(h, maskf, p.enc_blocks, "encoders", p.first_hop_tokens)
     # Upsample x2 to the mel frame rate.
     up_shape = g.op("Concat", [g.shape_of(h, 0, 3), g.const(i64(2))], axis=0)
     h = g.op("Reshape", [g.op("Expand", [g.op("Unsqueeze", [h, g.const(i64(3))]), up_shape]), g.const(i64(0, 0, -1))])
     m2 = g.op("Reshape", [g.op("Expand", [g.op("Unsqueeze", [maskf, g.const(i64(3))]),
                                            g.op("Concat", [g.shape_of(maskf, 0, 3), g.const(i64(2))], axis=0)]),
                           g.const(i64(0, 0, -1))])
-    h = blocks(h, m2, p.enc_up_blocks, "up_encoders")
+    h = blocks(h, m2, p.enc_up_blocks, "up_encoders", 2 * p.first_hop_tokens)
     mu = g.op("Mul", [g.conv1d(h, init.w(MEL_BINS, d, 1, fan_in=d), init.zeros(MEL_BINS), 0, "encoder_proj"), m2])
     g.output(mu, "mu", "float32", ["batch", MEL_BINS, "frames"])
     spk_n = g.op("LpNormalization", [spk], axis=1, p=2)
@@ -239,7 +307,8 @@ def build_flow_encoder(p: Preset, init: _Init) -> onnx.ModelProto:
 
 
 def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
-    """The flow-matching estimator with CosyVoice's export names: x, mask, mu, t, spks, cond -> estimator_out."""
+    """The flow-matching estimator with CosyVoice's export names: x, mask, mu, t, spks, cond -> estimator_out,
+    plus streaming[B] (chunk attention masks)."""
     c, k = p.est_channels, p.est_kernel
     g = GraphBuilder("estimator")
     x = g.input("x", "float32", ["batch", MEL_BINS, "frames"])
@@ -248,6 +317,7 @@ def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     t = g.input("t", "float32", ["batch"])
     spks = g.input("spks", "float32", ["batch", MEL_BINS])
     cond = g.input("cond", "float32", ["batch", MEL_BINS, "frames"])
+    streaming = g.input("streaming", "int64", ["batch"])
     spk_b = g.op("Expand", [g.op("Unsqueeze", [spks, g.const(i64(2))]), g.op("Shape", [x])])
     h = g.op("Concat", [x, mu, spk_b, cond], axis=1)  # 320 input channels, as CosyVoice2's decoder
     h = g.op("Mul", [g.conv1d(h, init.w(c, 4 * MEL_BINS, k, fan_in=k * 4 * MEL_BINS), init.zeros(c), k // 2, "down.conv"), mask])
@@ -257,7 +327,7 @@ def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
     temb = g.op("Concat", [g.op("Sin", [targ]), g.op("Cos", [targ])], axis=-1)
     temb = g.linear(g.silu(g.linear(temb, init.w(2 * half, c), init.zeros(c), "time_mlp.0")), init.w(c, c), init.zeros(c), "time_mlp.1")
     temb = g.op("Unsqueeze", [temb, g.const(i64(2))])
-    key = g.key_mask(mask)
+    key = g.chunk_key_mask(mask, streaming, 2 * p.first_hop_tokens)
     for r in range(p.est_resnets):
         h1 = g.op("Add", [g.op("Mul", [g.silu(g.conv1d(h, init.w(c, c, k, fan_in=k * c), init.zeros(c), k // 2, f"blocks.{r}.resnet.0")),
                                        mask]), temb])
@@ -274,10 +344,18 @@ def build_estimator(p: Preset, init: _Init) -> onnx.ModelProto:
 
 def build_vocoder(p: Preset, init: _Init) -> onnx.ModelProto:
     """mel[B,80,T] -> waveform[B,T*480] at 24 kHz: HiFT-like x8, x5, x3 transposed convs with
-    multi-kernel residual blocks, then a x4 sub-pixel stage standing in for its iSTFT (hop 4)."""
+    multi-kernel residual blocks, then a x4 sub-pixel stage standing in for its iSTFT (hop 4). HiFT's
+    interface: a source signal from noise[B,T*480,9] (its head replaced by cache_source[B,1,C]) is
+    added to the waveform and returned for the next chunk."""
     c0, c1, c2, c3 = p.voc_channels
     g = GraphBuilder("hift")
     mel = g.input("speech_feat", "float32", ["batch", MEL_BINS, "frames"])
+    noise = g.input("noise", "float32", ["batch", "samples", HARMONICS])
+    cache = g.input("cache_source", "float32", ["batch", 1, "cached"])
+    src = g.op("Tanh", [g.linear(noise, init.w(HARMONICS, 1) * 0.1, None, "m_source.l_linear")])  # [B,L,1]
+    src = g.op("Transpose", [src], perm=[0, 2, 1])
+    src = g.op("Concat", [cache, g.op("Slice", [src, g.shape_of(cache, 2, 3), g.const(i64(2**62)), g.const(i64(2))])], axis=2)
+    g.output(src, "source", "float32", ["batch", 1, "samples"])
     h = g.conv1d(mel, init.w(c0, MEL_BINS, 7, fan_in=7 * MEL_BINS), init.zeros(c0), 3, "conv_pre")
     for i, (cin, cout, k, s) in enumerate([(c0, c1, 16, 8), (c1, c2, 11, 5), (c2, c3, 7, 3)]):
         h = g.conv_transpose1d(g.op("LeakyRelu", [h], alpha=0.1), init.w(cin, cout, k, fan_in=cin * k // s), init.zeros(cout), s, f"ups.{i}")
@@ -295,6 +373,7 @@ def build_vocoder(p: Preset, init: _Init) -> onnx.ModelProto:
     h = g.conv1d(g.op("LeakyRelu", [h], alpha=0.1), init.w(4, c3, 7, fan_in=7 * c3), init.zeros(4), 3, "conv_post")
     wav = g.op("Reshape", [g.op("Transpose", [h], perm=[0, 2, 1]), g.const(i64(0, -1))])
     wav = g.op("Mul", [g.op("Tanh", [wav]), g.const(np.float32(0.5))])
+    wav = g.op("Add", [wav, g.op("Squeeze", [src, g.const(i64(1))])])
     g.output(wav, "waveform", "float32", ["batch", "samples"])
     return g.model("CosyVoice2-style vocoder, mel -> 24 kHz waveform (random weights)")
 
@@ -348,12 +427,15 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _fp16(model: onnx.ModelProto) -> onnx.ModelProto:
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     src = onnx.ModelProto()
     src.CopyFrom(model)  # the converter edits its input in place
-    # Inputs and outputs stay float32 so the engine feeds both precisions the same way.
-    return convert_float_to_float16(src, keep_io_types=True, disable_shape_infer=True)
+    # Inputs and outputs stay float32 so the engine feeds both precisions the same way. Resize keeps float32
+    # scales (its scales input must be float32); the phase accumulation of HiFT's source (CumSum) needs
+    # float32 range over long utterances.
+    return convert_float_to_float16(src, keep_io_types=True, disable_shape_infer=True,
+                                    op_block_list=[*DEFAULT_OP_BLOCK_LIST, "Resize", "CumSum"])
 
 
 def _save(model: onnx.ModelProto, path: Path, external: bool) -> None:
@@ -368,7 +450,7 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
     p = PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)
     init = _Init(seed)
-    llm, emb = build_llm(p, init)
+    llm, emb = _random_llm(p, init)
     models = {
         "llm": llm,
         "flow_encoder": build_flow_encoder(p, init),
@@ -385,6 +467,7 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
             files[stem]["fp16"] = f"{stem}.fp16.onnx"
             _save(half, out / files[stem]["fp16"], p.external_data)
     _save_npz(out / "llm_embeddings.npz", emb)
+    np.save(out / "flow_noise.npy", init.rng.standard_normal((MEL_BINS, p.noise_frames)).astype(np.float32))
     (out / "tokenizer.json").write_text(_byte_level_tokenizer() + "\n")
     (out / "voices").mkdir(exist_ok=True)
     for name, arrays in _voices(p, init).items():
@@ -417,11 +500,13 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
             "n_timesteps": p.n_timesteps,
             "cfg_rate": 0.7,
             "pre_lookahead_tokens": 3,
+            "noise": "flow_noise.npy",
             "mel_bins": MEL_BINS,
             "spk_embed_dim": SPK_DIM,
         },
         "vocoder": {"files": files["hift"]},
-        "streaming": {"first_hop_tokens": p.first_hop_tokens, "max_hop_tokens": p.max_hop_tokens, "crossfade_frames": 2},
+        "streaming": {"first_hop_tokens": p.first_hop_tokens, "max_hop_tokens": p.max_hop_tokens, "hop_growth": 2,
+                      "mel_cache_frames": 8},
         "voices": {"dir": "voices", "default": "default", "aliases": OPENAI_ALIASES},
         "generator": {"preset": preset, "seed": seed},
     }

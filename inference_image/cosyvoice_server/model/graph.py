@@ -122,6 +122,20 @@ class GraphBuilder:
         m = self.op("Unsqueeze", [mask, self.const(i64(1))])
         return self.op("Mul", [self.op("Sub", [self.const(np.float32(1.0)), m]), self.const(np.float32(-1e4))])
 
+    def chunk_key_mask(self, mask: str, streaming: str, chunk: int) -> str:
+        """mask[B,1,T] of 1/0 and streaming[B] -> additive [B,1,T,T]: rows that stream see keys only up to
+        the end of their query's chunk of `chunk` frames (upstream's static chunk mask), others all keys."""
+        t = self.op("Squeeze", [self.shape_of(mask, 2, 3)])
+        pos = self.op("Range", [self.const(np.int64(0)), t, self.const(np.int64(1))])
+        block_end = self.op("Mul", [self.op("Add", [self.op("Div", [pos, self.const(np.int64(chunk))]), self.const(np.int64(1))]),
+                                    self.const(np.int64(chunk))])
+        beyond = self.op("GreaterOrEqual", [self.op("Unsqueeze", [pos, self.const(i64(0))]),
+                                            self.op("Unsqueeze", [block_end, self.const(i64(1))])])  # [T,T]
+        rows = self.op("Reshape", [self.op("Cast", [streaming], to=TensorProto.BOOL), self.const(i64(-1, 1, 1, 1))])
+        hidden = self.op("Or", [self.op("And", [rows, beyond]),
+                                self.op("Unsqueeze", [self.op("Equal", [mask, self.const(np.float32(0.0))]), self.const(i64(1))])])
+        return self.op("Where", [hidden, self.const(np.float32(-1e4)), self.const(np.float32(0.0))])
+
     def rms_norm(self, x: str, weight: np.ndarray, hint: str = "norm", eps: float = 1e-6) -> str:
         """Qwen2's RMSNorm, written out because opset 18 has no RMSNormalization."""
         ms = self.op("ReduceMean", [self.op("Mul", [x, x]), self.const(i64(-1))], hint, keepdims=1)

@@ -7,8 +7,9 @@ A model directory holds one CosyVoice2 stage graph:
     llm.<precision>.onnx                decoder step with KV cache (see README "Model repository")
     llm_embeddings.npz                  text_embedding, speech_embedding, llm_embedding tables
     flow_encoder.<precision>.onnx       speech tokens -> mu, speaker embedding -> spks
-    flow.decoder.estimator.<p>.onnx     x, mask, mu, t, spks, cond -> estimator_out
-    hift.<precision>.onnx               speech_feat -> waveform (24 kHz)
+    flow.decoder.estimator.<p>.onnx     x, mask, mu, t, spks, cond, streaming -> estimator_out
+    flow_noise.npy                      the fixed initial flow-matching noise [80, frames]
+    hift.<precision>.onnx               speech_feat, noise, cache_source -> waveform (24 kHz), source
     voices/<name>.npz                   embedding, prompt_text_tokens, prompt_speech_tokens, prompt_mel
 
 Loading checks every file exists and every ONNX graph has the inputs and outputs, element types
@@ -47,10 +48,13 @@ class StageFiles(_Strict):
 
 
 class Sampling(_Strict):
+    """CosyVoice2's repetition-aware sampling (`ras_sampling`); top_k 1 with tau_r > 1 is greedy decoding."""
+
     top_k: int = Field(25, ge=1)
     top_p: float = Field(0.8, gt=0, le=1)
     win_size: int = Field(10, ge=1)
-    tau_r: float = Field(0.1, gt=0, le=1)
+    tau_r: float = Field(0.1, gt=0, description="resample from the whole distribution when the drawn token occurs "
+                         "win_size x tau_r times in the last win_size tokens; above 1 never")
 
 
 class Frontend(_Strict):
@@ -76,14 +80,20 @@ class Flow(_Strict):
     n_timesteps: int = Field(10, ge=1, le=100)
     cfg_rate: float = Field(0.7, ge=0)
     pre_lookahead_tokens: int = Field(3, ge=0)
+    noise: str = Field("flow_noise.npy", description="fixed initial noise [mel_bins, frames], indexed from frame 0 "
+                       "for every run, as upstream's CausalConditionalCFM.rand_noise")
     mel_bins: int = 80
     spk_embed_dim: int = 192
 
 
 class Streaming(_Strict):
-    first_hop_tokens: int = Field(25, ge=1)
-    max_hop_tokens: int = Field(100, ge=1)
-    crossfade_frames: int = Field(2, ge=0, description="mel frames (480 samples each) cross-faded at chunk seams")
+    """Upstream CosyVoice2Model's streaming constants (`cli/model.py`)."""
+
+    first_hop_tokens: int = Field(25, ge=1, description="token_hop_len: the flow's static chunk size in tokens")
+    max_hop_tokens: int = Field(100, ge=1, description="token_max_hop_len")
+    hop_growth: int = Field(2, ge=1, description="stream_scale_factor: the hop is multiplied by it after each chunk")
+    mel_cache_frames: int = Field(8, ge=1, description="mel_cache_len: frames re-vocoded at each seam; their "
+                                  "audio (x hop_samples) is cross-faded with a Hamming window and held back")
 
 
 VOICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -104,6 +114,13 @@ class Voices(_Strict):
         return self
 
 
+class PromptEncoders(_Strict):
+    """Upstream's ONNX prompt encoders, shipped with converted models for voice cloning."""
+
+    campplus: str = Field("campplus.onnx", description="fbank [1,T,80] -> speaker embedding [1,192]")
+    speech_tokenizer: str = Field("speech_tokenizer_v2.onnx", description="16 kHz log-mel [1,128,T] -> speech tokens")
+
+
 class Manifest(_Strict):
     format: Literal["cosyvoice2-onnx/v1"]
     name: str = Field(min_length=1)
@@ -118,6 +135,7 @@ class Manifest(_Strict):
     vocoder: StageFiles
     streaming: Streaming = Streaming()
     voices: Voices
+    prompt_encoders: PromptEncoders | None = None
     generator: dict | None = None
 
     @property
@@ -151,14 +169,17 @@ def _llm_io(m: Manifest) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[st
 
 STAGE_IO = {
     "flow encoder": (
-        {"token": ("int64", 2), "token_len": ("int64", 1), "embedding": ("float", 2)},
+        {"token": ("int64", 2), "token_len": ("int64", 1), "context_len": ("int64", 1), "streaming": ("int64", 1),
+         "embedding": ("float", 2)},
         {"mu": ("float", 3), "spks": ("float", 2)},
     ),
     "flow estimator": (
-        {"x": ("float", 3), "mask": ("float", 3), "mu": ("float", 3), "t": ("float", 1), "spks": ("float", 2), "cond": ("float", 3)},
+        {"x": ("float", 3), "mask": ("float", 3), "mu": ("float", 3), "t": ("float", 1), "spks": ("float", 2), "cond": ("float", 3),
+         "streaming": ("int64", 1)},
         {"estimator_out": ("float", 3)},
     ),
-    "vocoder": ({"speech_feat": ("float", 3)}, {"waveform": ("float", 2)}),
+    "vocoder": ({"speech_feat": ("float", 3), "noise": ("float", 3), "cache_source": ("float", 3)},
+                {"waveform": ("float", 2), "source": ("float", 3)}),
 }
 
 _ELEM = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT64: "int64",
@@ -230,9 +251,13 @@ def validate_model_dir(model_dir: Path, precision: Precision = "fp32", extra_ali
     check_onnx_io(stage_file(model_dir, m.flow.encoder, precision, "flow.encoder"), "flow encoder", *STAGE_IO["flow encoder"])
     check_onnx_io(stage_file(model_dir, m.flow.estimator, precision, "flow.estimator"), "flow estimator", *STAGE_IO["flow estimator"])
     check_onnx_io(stage_file(model_dir, m.vocoder, precision, "vocoder"), "vocoder", *STAGE_IO["vocoder"])
-    for rel, what in ((m.frontend.tokenizer, "tokenizer"), (m.llm.embeddings, "LLM embeddings")):
+    for rel, what in ((m.frontend.tokenizer, "tokenizer"), (m.llm.embeddings, "LLM embeddings"), (m.flow.noise, "flow noise")):
         if not (model_dir / rel).is_file():
             raise ModelLoadError(f"{model_dir / rel}: missing ({what})")
+    if m.prompt_encoders is not None:
+        for rel in (m.prompt_encoders.campplus, m.prompt_encoders.speech_tokenizer):
+            if not (model_dir / rel).is_file():
+                raise ModelLoadError(f"{model_dir / rel}: missing (a prompt encoder named in model.yaml)")
     vdir = model_dir / m.voices.dir
     if not (vdir / f"{m.voices.default}.npz").is_file():
         raise ModelLoadError(f"{vdir / (m.voices.default + '.npz')}: missing (the default voice named in model.yaml)")

@@ -12,7 +12,7 @@ from enum import Enum
 import numpy as np
 
 from ..engine.pipeline import Voice
-from ..streaming import ChunkPlanner, Stitcher
+from ..streaming import ChunkPlanner, HiftCache
 
 _ids = itertools.count(1)
 
@@ -39,23 +39,23 @@ class SynthesisRequest:
     deadline: float  # time.monotonic() by which the last sample must be out
     loop: asyncio.AbstractEventLoop
     planner: ChunkPlanner
-    stitcher: Stitcher
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
-    rng: np.random.Generator = field(init=False)
+    rng: np.random.Generator = field(init=False)  # LLM sampling (the LLM stage's thread)
+    vocoder_rng: np.random.Generator = field(init=False)  # the vocoder source's noise (the vocoder's thread)
     tokens: list[int] = field(default_factory=list)
     segment: int = 0
     segment_offset: int = 0  # len(tokens) when the current segment started
-    final_sent: bool = False
     llm_done: bool = False
-    mel_tail: np.ndarray | None = None
+    hift_cache: HiftCache | None = None
     first_audio_at: float | None = None
     samples: int = 0
     finished: Outcome | None = None
 
     def __post_init__(self) -> None:
-        self.rng = np.random.default_rng(self.seed)
+        llm, vocoder = np.random.SeedSequence(self.seed).spawn(2)
+        self.rng, self.vocoder_rng = np.random.default_rng(llm), np.random.default_rng(vocoder)
 
     # Called from worker threads ------------------------------------------------------------
     def expired(self, now: float) -> bool:

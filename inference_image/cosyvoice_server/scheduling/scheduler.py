@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.flow import FlowChunk
+from ..engine.flow import FlowChunk, VocoderInput
 from ..engine.llm import Batch, Sequence
 from ..engine.pipeline import Pipeline
 from ..metrics import Metrics
-from ..streaming import stretch_mel
+from ..streaming import Span, interpolate_mel, seam
 from .batching import StageQueue, WorkItem
 from .request import Done, Outcome, SynthesisRequest
 
@@ -50,14 +50,15 @@ class SchedulerConfig:
 
 @dataclass
 class _FlowWork:
-    chunk: FlowChunk | None  # None: no more audio, only the end of the stream
-    final: bool
+    chunk: FlowChunk
+    segment_final: bool  # the segment's last chunk (upstream's finalize)
+    final: bool  # the request's last chunk
 
 
 @dataclass
 class _VocoderWork:
-    mel: np.ndarray | None  # [80, context + chunk frames]; None: end of stream
-    context_frames: int
+    mel: np.ndarray  # [80, chunk frames]
+    segment_final: bool
     final: bool
 
 
@@ -69,7 +70,8 @@ class Scheduler:
         man = pipeline.manifest
         self.hop = man.hop_samples
         self.ratio = man.token_mel_ratio
-        self.overlap_frames = man.streaming.crossfade_frames
+        self.mel_cache = man.streaming.mel_cache_frames
+        self.window = np.hamming(2 * self.mel_cache * self.hop)  # upstream's speech_window
         self.lookahead = man.flow.pre_lookahead_tokens
         self._lock = threading.Condition()
         self._waiting: deque[SynthesisRequest] = deque()
@@ -205,40 +207,43 @@ class Scheduler:
             fresh = q.tokens[len(req.tokens) - req.segment_offset :]
             req.tokens.extend(fresh)
             self.m.tokens.inc(len(fresh))
-            if q.done:
-                if req.segment + 1 < len(req.segments):
-                    req.segment += 1
-                    req.segment_offset = len(req.tokens)
-                    with self._lock:
-                        self._enqueued[id(req)] = time.monotonic()
-                        self._waiting.appendleft(req)  # next segment goes first: finish started work
-                else:
-                    req.llm_done = True
-                    with self._lock:
-                        self._in_llm.discard(id(req))
-                    self._flow_q.poke()
-            while (span := req.planner.next(len(req.tokens), req.llm_done)) is not None:
-                self._emit_flow(req, *span)
-            if req.llm_done and not req.final_sent:
-                self._queue_flow(req, _FlowWork(None, True))  # nothing left to synthesize: flush the tail
+            segment = req.tokens[req.segment_offset :]
+            last_segment = req.segment + 1 >= len(req.segments)
+            while (span := req.planner.next(len(segment), q.done)) is not None:
+                self._emit_flow(req, segment, span, span.final and last_segment)
+            if not q.done:
+                continue
+            if not last_segment:
+                req.segment += 1
+                req.segment_offset = len(req.tokens)
+                req.planner.new_segment()
+                with self._lock:
+                    self._enqueued[id(req)] = time.monotonic()
+                    self._waiting.appendleft(req)  # next segment goes first: finish started work
+            else:
+                req.llm_done = True
+                with self._lock:
+                    self._in_llm.discard(id(req))
+                self._flow_q.poke()
 
-    def _emit_flow(self, req: SynthesisRequest, start: int, end: int) -> None:
+    def _emit_flow(self, req: SynthesisRequest, segment: list[int], span: Span, final: bool) -> None:
+        """One upstream `token2wav` call: the flow over the prompt and all of the segment's tokens so far."""
         v = req.voice
-        look = req.tokens[end : end + self.lookahead]
-        tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(req.tokens[start:end] + look, np.int64)])
-        frames = len(tokens) * self.ratio
+        context = 0 if span.final else self.lookahead
+        tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(segment[: span.end + context], np.int64)])
         chunk = FlowChunk(
             tokens=tokens,
+            token_len=len(v.prompt_speech_tokens) + span.end,
+            context_len=context,
+            streaming=not span.final,
             prompt_frames=len(v.prompt_speech_tokens) * self.ratio,
-            out_frames=(end - start) * self.ratio,
+            offset_frames=span.offset * self.ratio,
             embedding=v.embedding,
             prompt_mel=v.prompt_mel,
-            noise=req.rng.standard_normal((80, frames)).astype(np.float32),
         )
-        self._queue_flow(req, _FlowWork(chunk, req.llm_done and end == len(req.tokens)))
+        self._queue_flow(req, _FlowWork(chunk, span.final, final))
 
     def _queue_flow(self, req: SynthesisRequest, work: _FlowWork) -> None:
-        req.final_sent = work.final
         with self._lock:
             self._in_flow[id(req)] = self._in_flow.get(id(req), 0) + 1
         self._flow_q.put(WorkItem(req, work))
@@ -265,22 +270,13 @@ class Scheduler:
             self.m.queue_depth.labels("flow").set(len(self._flow_q))
             live = self._live(items, "flow")
             t0 = time.perf_counter()
-            work = [i for i in live if i.payload.chunk is not None]
-            if work:
-                self.m.batch_size.labels("flow").observe(len(work))
-            mels = iter(self.p.flow.run([i.payload.chunk for i in work]) if work else [])
-            self.m.stage_compute.labels("flow").observe(time.perf_counter() - t0)
-            for item in live:
-                req: SynthesisRequest = item.request
-                if item.payload.chunk is None:
-                    self._voc_q.put(WorkItem(req, _VocoderWork(None, 0, True)))
-                    continue
-                mel = next(mels)
-                mel = stretch_mel(mel, req.speed)
-                context = req.mel_tail if req.mel_tail is not None else np.zeros((mel.shape[0], 0), np.float32)
-                req.mel_tail = mel[:, mel.shape[1] - min(self.overlap_frames, mel.shape[1]) :]
-                work = _VocoderWork(np.concatenate([context, mel], axis=1), context.shape[1], item.payload.final)
-                self._voc_q.put(WorkItem(req, work))
+            if live:
+                self.m.batch_size.labels("flow").observe(len(live))
+                mels = self.p.flow.run([i.payload.chunk for i in live])
+                self.m.stage_compute.labels("flow").observe(time.perf_counter() - t0)
+                for item, mel in zip(live, mels):
+                    w: _FlowWork = item.payload
+                    self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final)))
             with self._lock:
                 for item in items:
                     key = id(item.request)
@@ -291,23 +287,35 @@ class Scheduler:
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             self._voc_q.poke()
 
+    def _vocoder_input(self, req: SynthesisRequest, w: _VocoderWork) -> VocoderInput:
+        """As upstream `token2wav`: the cached mel frames go first; `speed` stretches whole segments only."""
+        cache = req.hift_cache
+        mel, cache_source = w.mel, np.zeros(0, np.float32)
+        if cache is not None:
+            mel, cache_source = np.concatenate([cache.mel, mel], axis=1), cache.source
+        elif w.segment_final and req.speed != 1.0:
+            mel = interpolate_mel(mel, req.speed)
+        noise = req.vocoder_rng.standard_normal((mel.shape[1] * self.hop, self.p.vocoder.harmonics), np.float32)
+        return VocoderInput(mel, noise, cache_source)
+
     def _vocoder_loop(self) -> None:
         delay = self.cfg.max_queue_delay_ms / 1000
         sr = self.p.sample_rate
         while (items := self._voc_q.take_batch(self.cfg.max_batch_size, delay, self._vocoder_upstream)) is not None:
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             live = self._live(items, "vocoder")
+            if not live:
+                continue
             t0 = time.perf_counter()
-            work = [i for i in live if i.payload.mel is not None]
-            if work:
-                self.m.batch_size.labels("vocoder").observe(len(work))
-            wavs = iter(self.p.vocoder.run([i.payload.mel for i in work]) if work else [])
+            self.m.batch_size.labels("vocoder").observe(len(live))
+            inputs = [self._vocoder_input(i.request, i.payload) for i in live]
+            outputs = self.p.vocoder.run(inputs)
             self.m.stage_compute.labels("vocoder").observe(time.perf_counter() - t0)
-            for item in live:
+            for item, inp, (wav, source) in zip(live, inputs, outputs):
                 req: SynthesisRequest = item.request
                 w: _VocoderWork = item.payload
-                wav = next(wavs) if w.mel is not None else np.zeros(0, np.float32)
-                audio = req.stitcher.push(wav, w.context_frames * self.hop, w.final)
+                audio, req.hift_cache = seam(wav, source, inp.mel, req.hift_cache, w.segment_final, self.mel_cache,
+                                             self.hop, self.window)
                 if len(audio):
                     first = req.first_audio_at is None
                     req.push_audio(audio)

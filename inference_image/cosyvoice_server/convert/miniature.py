@@ -1,0 +1,303 @@
+"""Builds a random-weight checkpoint in the exact layout of the published CosyVoice2-0.5B directory.
+
+It uses upstream's own classes (`cosyvoice-minicpmo`), so the files are what upstream would load: a
+hyperpyyaml `cosyvoice2.yaml`, `llm.pt`, `flow.pt`, `hift.pt` state dicts, `spk2info.pt` with SFT
+speakers, `CosyVoice-BlankEN/` (Qwen2 config, weights and a byte-level BPE tokenizer), and ONNX stand-ins
+for `campplus.onnx` and `speech_tokenizer_v2.onnx` with the published interfaces. Rates are the real
+ones (24 kHz, 25 tokens/s, 50 mel frames/s); layer sizes are small unless `size="full"`.
+
+    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--size mini|full] [--seed 0]
+
+Tests convert it and compare the engine against upstream's inference on the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Size:
+    qwen_hidden: int
+    qwen_layers: int
+    qwen_heads: int
+    qwen_kv_heads: int
+    qwen_mlp: int
+    encoder_blocks: int  # the encoder width is 512 in upstream's PreLookaheadLayer and Upsample1D
+    encoder_heads: int
+    encoder_units: int
+    est_channels: int
+    est_head_dim: int
+    est_heads: int
+    est_blocks: int
+    est_mid_blocks: int
+    hift_channels: int
+    hift_res_kernels: tuple[int, ...]
+    f0_channels: int
+    speakers: tuple[str, ...] = ("spk_a", "spk_b")
+    eos_bias: float = 0.0  # added to the eos logit so random weights stop at plausible lengths
+
+
+SIZES = {
+    "mini": Size(qwen_hidden=64, qwen_layers=2, qwen_heads=4, qwen_kv_heads=2, qwen_mlp=128,
+                 encoder_blocks=1, encoder_heads=8, encoder_units=256,
+                 est_channels=64, est_head_dim=16, est_heads=2, est_blocks=1, est_mid_blocks=1,
+                 hift_channels=32, hift_res_kernels=(3,), f0_channels=32, eos_bias=6.0),
+    # CosyVoice2-0.5B's sizes (examples/libritts/cosyvoice2/conf/cosyvoice2.yaml), for timing a converted model.
+    "full": Size(qwen_hidden=896, qwen_layers=24, qwen_heads=14, qwen_kv_heads=2, qwen_mlp=4864,
+                 encoder_blocks=6, encoder_heads=8, encoder_units=2048,
+                 est_channels=256, est_head_dim=64, est_heads=8, est_blocks=4, est_mid_blocks=12,
+                 hift_channels=512, hift_res_kernels=(3, 7, 11), f0_channels=512, eos_bias=6.0),
+}
+
+SPEECH_TOKENS = 6561
+
+# Upstream cosyvoice2.yaml's model part, with the sizes filled in. The real file also carries the training
+# data pipeline (`!name:cosyvoice.dataset.processor...`), which conversion ignores.
+YAML = """\
+__set_seed1: !apply:random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+
+sample_rate: 24000
+llm_input_size: {h}
+llm_output_size: {h}
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 25
+token_mel_ratio: 2
+chunk_size: 25
+num_decoding_left_chunks: -1
+
+llm: !new:cosyvoice.llm.llm.Qwen2LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {speech}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: 512
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {speech}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: 512
+        attention_heads: {enc_heads}
+        linear_units: {enc_units}
+        num_blocks: {enc_blocks}
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: 512
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: 320
+            out_channels: 80
+            channels: [{est_channels}]
+            dropout: 0.0
+            attention_head_dim: {est_head_dim}
+            n_blocks: {est_blocks}
+            num_mid_blocks: {est_mid_blocks}
+            num_heads: {est_heads}
+            act_fn: 'gelu'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+    in_channels: 80
+    base_channels: {hift_channels}
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: {res_kernels}
+    resblock_dilation_sizes: {res_dilations}
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+        num_class: 1
+        in_channels: 80
+        cond_channels: {f0_channels}
+
+get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
+    token_path: !ref <qwen_pretrain_path>
+    skip_special_tokens: True
+allowed_special: 'all'
+"""
+
+_CORPUS = ("Hello world. This is a small test of speech synthesis, with numbers 1 2 3 and punctuation! "
+           "The quick brown fox jumps over the lazy dog? Streaming text to speech, chunk by chunk.")
+
+
+def _tokenizer_files(out: Path) -> int:
+    """A byte-level BPE tokenizer saved as Qwen2TokenizerFast files (vocab.json, merges.txt, tokenizer.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|endoftext|>"])
+    tok.train_from_iterator([_CORPUS] * 4, trainer)
+    fast = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                              unk_token=None, bos_token=None)
+    fast.save_pretrained(str(out))
+    return len(fast)
+
+
+def _onnx_stand_ins(out: Path, rng: np.random.Generator) -> None:
+    """campplus.onnx: fbank [1,T,80] -> embedding [1,192]; speech_tokenizer_v2.onnx: log-mel [1,128,T] and
+    its length -> token ids [1,T/4] (the published input and output names)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(rng.standard_normal((80, 192)).astype(np.float32) * 0.1, "w")
+    g = helper.make_graph(
+        [helper.make_node("ReduceMean", ["input", "axes"], ["m"], keepdims=0),
+         helper.make_node("MatMul", ["m", "w"], ["output"])],
+        "campplus", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 192])],
+        [w, numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / "campplus.onnx"))
+    proj = numpy_helper.from_array(rng.standard_normal((128, 1)).astype(np.float32), "p")
+    g = helper.make_graph(
+        [helper.make_node("Transpose", ["feats"], ["t"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["t", "p"], ["s"]),
+         helper.make_node("Squeeze", ["s", "ax2"], ["s2"]),
+         helper.make_node("Slice", ["s2", "zero", "big", "one", "four"], ["s4"]),
+         helper.make_node("Abs", ["s4"], ["a"]),
+         helper.make_node("Mul", ["a", "scale"], ["b"]),
+         helper.make_node("Cast", ["b"], ["c"], to=TensorProto.INT64),
+         helper.make_node("Mod", ["c", "vocab"], ["tok"]),
+         helper.make_node("Cast", ["tok"], ["indices"], to=TensorProto.INT32)],
+        "speech_tokenizer",
+        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+        [helper.make_tensor_value_info("indices", TensorProto.INT32, [1, "N"])],
+        [proj, numpy_helper.from_array(np.array([2], np.int64), "ax2"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([2**62], np.int64), "big"),
+         numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([4], np.int64), "four"),
+         numpy_helper.from_array(np.float32(1000.0), "scale"), numpy_helper.from_array(np.int64(SPEECH_TOKENS), "vocab")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / "speech_tokenizer_v2.onnx"))
+
+
+def build(out: Path, size: str = "mini", seed: int = 0) -> Path:
+    """Writes the checkpoint directory and returns it."""
+    import torch
+    from hyperpyyaml import load_hyperpyyaml
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from . import upstream
+
+    upstream.load()
+    s = SIZES[size]
+    out.mkdir(parents=True, exist_ok=True)
+    blank = out / "CosyVoice-BlankEN"
+    blank.mkdir(exist_ok=True)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    text_vocab = _tokenizer_files(blank)
+    cfg = Qwen2Config(vocab_size=text_vocab + 32, hidden_size=s.qwen_hidden, intermediate_size=s.qwen_mlp,
+                      num_hidden_layers=s.qwen_layers, num_attention_heads=s.qwen_heads,
+                      num_key_value_heads=s.qwen_kv_heads, max_position_embeddings=4096, rope_theta=1e6,
+                      rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="float32")
+    Qwen2ForCausalLM(cfg).save_pretrained(str(blank))  # BlankEN ships weights too; upstream's llm.pt overrides them
+
+    res_dil = [[1, 3, 5]] * len(s.hift_res_kernels)
+    yaml_text = YAML.format(h=s.qwen_hidden, speech=SPEECH_TOKENS, enc_heads=s.encoder_heads, enc_units=s.encoder_units,
+                            enc_blocks=s.encoder_blocks, est_channels=s.est_channels, est_head_dim=s.est_head_dim,
+                            est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
+                            hift_channels=s.hift_channels, res_kernels=list(s.hift_res_kernels),
+                            res_dilations=res_dil, f0_channels=s.f0_channels)
+    (out / "cosyvoice2.yaml").write_text(yaml_text)
+    model_part = yaml_text.split("get_tokenizer:")[0]
+    configs = load_hyperpyyaml(model_part, overrides={"qwen_pretrain_path": str(blank)})
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name in ("llm", "flow", "hift"):
+            module = configs[name]
+            for p in module.parameters():  # upstream's init leaves some tensors zero; random everywhere is a harder test
+                p.add_(torch.randn_like(p) * 0.02)
+        configs["llm"].llm_decoder.bias[SPEECH_TOKENS] += s.eos_bias
+        torch.save(configs["llm"].state_dict(), out / "llm.pt")
+        torch.save(configs["flow"].state_dict(), out / "flow.pt")
+        torch.save(configs["hift"].state_dict(), out / "hift.pt")
+
+    # spk2info.pt as upstream writes it: SFT speakers carry only an embedding (`frontend_sft`); a speaker
+    # saved by `add_zero_shot_spk` carries the whole zero-shot model input.
+    spk2info = {s.speakers[0]: {"embedding": torch.randn(1, 192)}}
+    for name in s.speakers[1:]:
+        n = 17
+        emb = torch.randn(1, 192)
+        text = torch.randint(0, text_vocab, (1, 6), dtype=torch.int32)
+        tokens = torch.randint(0, SPEECH_TOKENS, (1, n), dtype=torch.int32)
+        spk2info[name] = {
+            "prompt_text": text, "prompt_text_len": torch.tensor([6], dtype=torch.int32),
+            "llm_prompt_speech_token": tokens, "llm_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
+            "flow_prompt_speech_token": tokens, "flow_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
+            "prompt_speech_feat": torch.randn(1, 2 * n, 80) * 0.5, "prompt_speech_feat_len": torch.tensor([2 * n], dtype=torch.int32),
+            "llm_embedding": emb, "flow_embedding": emb,
+        }
+    torch.save(spk2info, out / "spk2info.pt")
+    _onnx_stand_ins(out, rng)
+    (out / "configuration.json").write_text(json.dumps({"framework": "Pytorch", "task": "text-to-speech"}) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", choices=sorted(SIZES), default="mini")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(build(Path(args.out), args.size, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
