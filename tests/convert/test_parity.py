@@ -1,0 +1,152 @@
+"""The converted model against upstream CosyVoice2's own PyTorch inference, same random weights.
+
+Stage by stage (LLM logits and greedy tokens, flow mel streaming and not, HiFT with its seams), batched
+and alone, then end to end through the HTTP API. Tolerances: 1e-4 max abs (fp32); the measured errors
+are printed (`pytest -s`) and recorded in the README's parity table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+from reference import log_mel
+
+from cosyvoice_server.engine.flow import FlowChunk, VocoderInput
+
+TOL = 1e-4
+TEXT = "Hello world, this is a small test of speech synthesis."
+
+
+def report(what: str, err: float) -> None:
+    print(f"\nPARITY {what}: max abs {err:.2e}")
+
+
+def _text_tokens(pipeline, text: str) -> list[int]:
+    segs = pipeline.frontend.segments(text)
+    assert len(segs) == 1
+    return segs[0].tolist()
+
+
+def test_frontend_tokens_match_upstream_qwen_tokenizer(pipeline, checkpoint):
+    from transformers import AutoTokenizer
+
+    from cosyvoice_server.convert.convert import SPECIAL_TOKENS
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint / "CosyVoice-BlankEN"))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    for text in (TEXT, "[breath] The quick brown fox? <strong>Yes</strong>."):
+        assert _text_tokens(pipeline, text) == tok([text])["input_ids"][0]
+
+
+@pytest.mark.parametrize("speaker", ["spk_a", "spk_b"])  # SFT embedding only; a saved zero-shot prompt
+def test_llm_logits_under_teacher_forcing(pipeline, reference, speaker, monkeypatch):
+    text = _text_tokens(pipeline, TEXT)
+    spk = reference.speaker(speaker)
+    forced = np.random.default_rng(1).integers(0, 6561, 30).tolist()
+    want = reference.teacher_forced_logits(text, spk, forced)
+
+    got = []
+    llm = pipeline.llm
+
+    def record(seqs, logits):  # instead of sampling: keep the logits, feed the forced token
+        got.append(logits[0].copy())
+        seqs[0].tokens.append(forced[len(got) - 1] if len(got) <= len(forced) else 0)
+
+    monkeypatch.setattr(llm, "_sample", record)
+    v = pipeline.voices[speaker]
+    seq = llm.sequence(np.asarray(text), v.prompt_text_tokens, v.prompt_speech_tokens, np.random.default_rng(0), None)
+    batch = llm.prefill([seq])
+    for _ in forced:
+        llm.step(batch)
+    err = float(np.abs(np.stack(got) - want).max())
+    report(f"LLM logits ({speaker}, {len(forced) + 1} steps)", err)
+    assert err <= TOL
+
+
+def _engine_greedy(pipeline, texts, speakers):
+    llm = pipeline.llm
+    seqs = []
+    for text, speaker in zip(texts, speakers):
+        v = pipeline.voices[speaker]
+        seqs.append(llm.sequence(np.asarray(text), v.prompt_text_tokens, v.prompt_speech_tokens, np.random.default_rng(0), None))
+    batch = llm.prefill(seqs)
+    while batch is not None:
+        llm.step(batch)
+        batch = llm.keep(batch, [i for i, q in enumerate(batch.seqs) if not q.done])
+    return [q.tokens for q in seqs]
+
+
+def test_greedy_tokens_identical_alone_and_in_a_batch_of_8(pipeline, reference):
+    words = TEXT.split()
+    texts = [_text_tokens(pipeline, " ".join(words[: 2 + i])) for i in range(8)]
+    speakers = ["spk_a", "spk_b"] * 4
+    want = [reference.tokens(t, reference.speaker(s)) for t, s in zip(texts, speakers)]
+    assert all(len(w) >= 2 * len(t) for w, t in zip(want, texts))  # min_len = 2 x text tokens
+    assert _engine_greedy(pipeline, texts[:1], speakers[:1]) == want[:1]
+    assert _engine_greedy(pipeline, texts, speakers) == want
+
+
+def _chunk(pipeline, tokens, speaker, offset, end, final):
+    v = pipeline.voices[speaker]
+    ctx = 0 if final else 3
+    p = len(v.prompt_speech_tokens)
+    return FlowChunk(np.concatenate([v.prompt_speech_tokens, np.asarray(tokens[: end + ctx], np.int64)]), p + end, ctx,
+                     not final, 2 * p, 2 * offset, v.embedding, v.prompt_mel)
+
+
+# (speaker, tokens, offset, end, final): streamed chunks with context, a final chunk, a whole utterance
+CASES = [("spk_a", 90, 0, 25, False), ("spk_b", 90, 33, 83, False), ("spk_a", 90, 75, 90, True),
+         ("spk_b", 61, 0, 61, True), ("spk_a", 140, 25, 75, False), ("spk_b", 40, 0, 40, True),
+         ("spk_a", 77, 0, 77, True), ("spk_b", 130, 83, 127, False)]
+
+
+def test_flow_mel_streaming_and_not_alone_and_in_a_batch_of_8(pipeline, reference):
+    rng = np.random.default_rng(2)
+    chunks, want, all_tokens = [], [], []
+    for speaker, n, offset, end, final in CASES:
+        tokens = rng.integers(0, 6561, n).tolist()
+        all_tokens.append(tokens)
+        chunks.append(_chunk(pipeline, tokens, speaker, offset, end, final))
+        ctx = 0 if final else 3
+        mel = reference.flow_mel(tokens[: end + ctx], reference.speaker(speaker), streaming=not final, finalize=final)
+        want.append(mel[:, 2 * offset:])
+    alone = [pipeline.flow.run([c])[0] for c in chunks]
+    batched = pipeline.flow.run(chunks)
+    errs = {"streaming": 0.0, "non-streaming": 0.0, "batch vs alone": 0.0}
+    for (case, a, b, w) in zip(CASES, alone, batched, want):
+        assert a.shape == w.shape
+        key = "non-streaming" if case[4] else "streaming"
+        errs[key] = max(errs[key], float(np.abs(a - w).max()))
+        errs["batch vs alone"] = max(errs["batch vs alone"], float(np.abs(a - b).max()))
+    for k, e in errs.items():
+        report(f"flow mel {k}", e)
+        assert e <= TOL
+    # the chunk masks matter: the same chunk without them is another mel
+    speaker, _, offset, end, _ = CASES[1]
+    full_context = reference.flow_mel(all_tokens[1][: end + 3], reference.speaker(speaker), streaming=False, finalize=False)
+    assert np.abs(alone[1] - full_context[:, 2 * offset:]).max() > 100 * TOL
+
+
+def test_hift_whole_and_with_source_cache_alone_and_batched(pipeline, reference):
+    rng = np.random.default_rng(3)
+    h = pipeline.vocoder.harmonics
+    items = []
+    for frames, cached in ((40, 0), (40, 3840), (58, 3840), (40, 0), (23, 0)):
+        mel = rng.standard_normal((80, frames)).astype(np.float32)
+        items.append(VocoderInput(mel, rng.standard_normal((frames * 480, h)).astype(np.float32),
+                                  rng.standard_normal(cached).astype(np.float32) * 0.1))
+    batched = pipeline.vocoder.run(items)
+    err = err_src = 0.0
+    for it, (wav, src) in zip(items, batched):
+        want_wav, want_src = reference.hift_run(it.mel, it.cache_source, it.noise)
+        alone_wav, _ = pipeline.vocoder.run([it])[0]
+        err = max(err, float(np.abs(wav - want_wav).max()), float(np.abs(alone_wav - want_wav).max()))
+        err_src = max(err_src, float(np.abs(src - want_src).max()))
+    report("HiFT waveform", err)
+    report("HiFT source", err_src)
+    assert err <= TOL and err_src <= TOL
