@@ -120,9 +120,9 @@ class Reference:
                                            cache_source=torch.from_numpy(cache_source).reshape(1, 1, -1))
         return wav[0].numpy(), src[0, 0].numpy()
 
-    def tts(self, tokens: list[int], spk: dict, stream: bool, noises=None, speed: float = 1.0) -> list[np.ndarray]:
+    def tts(self, tokens: list[int], spk: dict, stream: bool, noise_for=None, speed: float = 1.0) -> list[np.ndarray]:
         """Main's CosyVoice2Model.tts after the LLM: the audio chunks it yields for one text segment.
-        `noises` (an iterator of arrays) pins each HiFT call's source noise."""
+        `noise_for(samples)` pins each HiFT call's source noise."""
         from cosyvoice.utils.common import fade_in_out
 
         window = np.hamming(2 * MEL_CACHE * HOP)
@@ -138,7 +138,7 @@ class Reference:
             elif finalize and speed != 1.0:
                 mel = torch.nn.functional.interpolate(torch.from_numpy(mel)[None], size=int(mel.shape[1] / speed),
                                                       mode="linear")[0].numpy()
-            wav, src = self.hift_run(mel, src_cache, next(noises) if noises is not None else None)
+            wav, src = self.hift_run(mel, src_cache, noise_for(mel.shape[1] * HOP) if noise_for is not None else None)
             speech = torch.from_numpy(wav)[None]
             if cache is not None:
                 speech = fade_in_out(speech, torch.from_numpy(cache["speech"])[None], window)

@@ -34,7 +34,7 @@ def test_tiny_model_is_small_and_has_cosyvoice2_names():
     assert size < 4 * 2**20
     m = validate_model_dir(BUNDLED_MODEL)
     est = onnx.load(str(BUNDLED_MODEL / m.flow.estimator.files["fp32"]))
-    assert [i.name for i in est.graph.input] == ["x", "mask", "mu", "t", "spks", "cond"]
+    assert [i.name for i in est.graph.input] == ["x", "mask", "mu", "t", "spks", "cond", "streaming"]
     assert [o.name for o in est.graph.output] == ["estimator_out"]
     assert est.opset_import[0].version == 18
     assert (m.sample_rate, m.token_rate, m.mel_rate, m.samples_per_token) == (24000, 25, 50, 960)

@@ -264,6 +264,7 @@ def build(out: Path, size: str = "mini", seed: int = 0) -> Path:
             for p in module.parameters():  # upstream's init leaves some tensors zero; random everywhere is a harder test
                 p.add_(torch.randn_like(p) * 0.02)
         configs["llm"].llm_decoder.bias[SPEECH_TOKENS] += s.eos_bias
+        configs["llm"].llm_decoder.bias[SPEECH_TOKENS + 1:] -= 10.0  # fill tokens: bistream only, as trained
         torch.save(configs["llm"].state_dict(), out / "llm.pt")
         torch.save(configs["flow"].state_dict(), out / "flow.pt")
         torch.save(configs["hift"].state_dict(), out / "hift.pt")

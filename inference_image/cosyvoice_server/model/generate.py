@@ -144,7 +144,9 @@ def _random_llm_weights(p: Preset, init: _Init) -> Weights:
         if name == "llm_decoder.bias":
             bias = init.zeros(*shape)
             # Random weights never choose to stop; a fixed bias on eos gives utterances of plausible length.
+            # The fill tokens after it stop a sequence too; trained models rarely emit them outside bistream mode.
             bias[p.speech_vocab] = p.eos_bias
+            bias[p.speech_vocab + 1 :] = -10.0
             return bias
         if name.endswith(".bias"):
             return init.zeros(*shape)

@@ -24,6 +24,12 @@ class Outcome(str, Enum):
     FAILED = "failed"
 
 
+def request_rngs(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent generators for the LLM's sampling and the vocoder's source noise (two stage threads)."""
+    llm, vocoder = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(llm), np.random.default_rng(vocoder)
+
+
 @dataclass
 class Done:
     outcome: Outcome
@@ -54,8 +60,7 @@ class SynthesisRequest:
     finished: Outcome | None = None
 
     def __post_init__(self) -> None:
-        llm, vocoder = np.random.SeedSequence(self.seed).spawn(2)
-        self.rng, self.vocoder_rng = np.random.default_rng(llm), np.random.default_rng(vocoder)
+        self.rng, self.vocoder_rng = request_rngs(self.seed)
 
     # Called from worker threads ------------------------------------------------------------
     def expired(self, now: float) -> bool:

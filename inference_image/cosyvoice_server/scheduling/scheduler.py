@@ -50,7 +50,7 @@ class SchedulerConfig:
 
 @dataclass
 class _FlowWork:
-    chunk: FlowChunk
+    chunk: FlowChunk | None  # None: a final chunk with no new tokens (only the vocoder's held-back tail is left)
     segment_final: bool  # the segment's last chunk (upstream's finalize)
     final: bool  # the request's last chunk
 
@@ -228,6 +228,9 @@ class Scheduler:
 
     def _emit_flow(self, req: SynthesisRequest, segment: list[int], span: Span, final: bool) -> None:
         """One upstream `token2wav` call: the flow over the prompt and all of the segment's tokens so far."""
+        if span.final and span.end == span.offset:
+            self._queue_flow(req, _FlowWork(None, True, final))
+            return
         v = req.voice
         context = 0 if span.final else self.lookahead
         tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(segment[: span.end + context], np.int64)])
@@ -270,13 +273,15 @@ class Scheduler:
             self.m.queue_depth.labels("flow").set(len(self._flow_q))
             live = self._live(items, "flow")
             t0 = time.perf_counter()
-            if live:
-                self.m.batch_size.labels("flow").observe(len(live))
-                mels = self.p.flow.run([i.payload.chunk for i in live])
-                self.m.stage_compute.labels("flow").observe(time.perf_counter() - t0)
-                for item, mel in zip(live, mels):
-                    w: _FlowWork = item.payload
-                    self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final)))
+            work = [i for i in live if i.payload.chunk is not None]
+            if work:
+                self.m.batch_size.labels("flow").observe(len(work))
+            mels = iter(self.p.flow.run([i.payload.chunk for i in work]) if work else [])
+            self.m.stage_compute.labels("flow").observe(time.perf_counter() - t0)
+            for item in live:
+                w: _FlowWork = item.payload
+                mel = next(mels) if w.chunk is not None else np.zeros((self.p.manifest.flow.mel_bins, 0), np.float32)
+                self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final)))
             with self._lock:
                 for item in items:
                     key = id(item.request)
@@ -304,18 +309,22 @@ class Scheduler:
         while (items := self._voc_q.take_batch(self.cfg.max_batch_size, delay, self._vocoder_upstream)) is not None:
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             live = self._live(items, "vocoder")
-            if not live:
-                continue
             t0 = time.perf_counter()
-            self.m.batch_size.labels("vocoder").observe(len(live))
             inputs = [self._vocoder_input(i.request, i.payload) for i in live]
-            outputs = self.p.vocoder.run(inputs)
+            # Nothing to vocode: a segment that produced no speech tokens, with no held-back tail.
+            work = [j for j, inp in enumerate(inputs) if inp.mel.shape[1]]
+            if work:
+                self.m.batch_size.labels("vocoder").observe(len(work))
+            outputs = dict(zip(work, self.p.vocoder.run([inputs[j] for j in work]) if work else []))
             self.m.stage_compute.labels("vocoder").observe(time.perf_counter() - t0)
-            for item, inp, (wav, source) in zip(live, inputs, outputs):
+            for j, (item, inp) in enumerate(zip(live, inputs)):
                 req: SynthesisRequest = item.request
                 w: _VocoderWork = item.payload
-                audio, req.hift_cache = seam(wav, source, inp.mel, req.hift_cache, w.segment_final, self.mel_cache,
-                                             self.hop, self.window)
+                audio = np.zeros(0, np.float32)
+                if j in outputs:
+                    wav, source = outputs[j]
+                    audio, req.hift_cache = seam(wav, source, inp.mel, req.hift_cache, w.segment_final, self.mel_cache,
+                                                 self.hop, self.window)
                 if len(audio):
                     first = req.first_audio_at is None
                     req.push_audio(audio)
