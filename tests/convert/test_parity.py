@@ -150,3 +150,35 @@ def test_hift_whole_and_with_source_cache_alone_and_batched(pipeline, reference)
     report("HiFT waveform", err)
     report("HiFT source", err_src)
     assert err <= TOL and err_src <= TOL
+
+
+# fp16 files against fp32 (ONNX Runtime CPU here; documented in the README). Random weights, so these are
+# bounds for this check, not a promise for trained weights.
+FP16_TOL = {"LLM logits": 1e-2, "flow mel": 0.15, "HiFT waveform": 2e-3}
+
+
+def test_fp16_files_stay_within_the_documented_tolerance(converted, pipeline):
+    from cosyvoice_server.engine.pipeline import Pipeline
+
+    half = Pipeline(converted, "cpu", "fp16")
+    rng = np.random.default_rng(4)
+    v = pipeline.voices["spk_b"]
+    errs = {}
+    text = np.arange(12)
+    logits = []
+    for p in (pipeline, half):
+        q = p.llm.sequence(text, v.prompt_text_tokens, v.prompt_speech_tokens, np.random.default_rng(0), None)
+        got = []
+        p.llm._sample = lambda seqs, lg, got=got: (got.append(lg[0].copy()), seqs[0].tokens.append(7))
+        p.llm.prefill([q])
+        logits.append(got[0])
+        del p.llm._sample
+    errs["LLM logits"] = float(np.abs(logits[0] - logits[1]).max())
+    chunk = _chunk(pipeline, rng.integers(0, 6561, 80).tolist(), "spk_b", 0, 80, True)
+    mel = pipeline.flow.run([chunk])[0]
+    errs["flow mel"] = float(np.abs(half.flow.run([chunk])[0] - mel).max())
+    item = VocoderInput(mel, rng.standard_normal((mel.shape[1] * 480, 9)).astype(np.float32), np.zeros(0, np.float32))
+    errs["HiFT waveform"] = float(np.abs(half.vocoder.run([item])[0][0] - pipeline.vocoder.run([item])[0][0]).max())
+    for k, e in errs.items():
+        report(f"fp16 vs fp32 {k}", e)
+        assert e <= FP16_TOL[k]
