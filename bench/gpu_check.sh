@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # GPU check for a machine with one NVIDIA GPU that starts bare and reaches no network.
-#   bench/gpu_check.sh RESULTS_DIR
+#   bench/gpu_check.sh RESULTS_DIR [MODEL_DIR]
+# MODEL_DIR: a model directory to benchmark, e.g. one written by `cosyvoice-server convert` from
+# CosyVoice2-0.5B (default: a random-weight model at CosyVoice2's sizes, generated on first use).
 # Needs, in .whl/ (prepared beforehand with `pip download --no-deps --only-binary=:all:` for that
 # machine's Python): onnxruntime-gpu and whatever of the server's dependencies the machine lacks
 # (see docs/benchmarks.md "GPU runs"). Runs the GPU-marked tests, then the full-size benchmark.
 set -uo pipefail
-out=${1:?usage: bench/gpu_check.sh RESULTS_DIR}
+out=${1:?usage: bench/gpu_check.sh RESULTS_DIR [MODEL_DIR]}
+model_args=()
+if [ -n "${2:-}" ]; then
+  [ -f "$2/model.yaml" ] || { echo "error: $2/model.yaml: missing (not a model directory)" >&2; exit 2; }
+  model_args=(--model-dir "$(cd "$2" && pwd)")
+fi
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 exec > >(tee "$out/gpu_check.log") 2>&1
@@ -20,7 +27,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --forma
 python3 -m cosyvoice_server.cli doctor | tee "$out/doctor.txt"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu --junitxml="$out/gpu_tests.xml"
 tests_rc=$?
-timeout 330 python3 -m bench.gpu --out "$out" --duration 6 --batch-sizes 1,16 --ttfa-concurrency 1,4,16
+timeout 330 python3 -m bench.gpu --out "$out" "${model_args[@]}" --duration 6 --batch-sizes 1,16 --ttfa-concurrency 1,4,16
 bench_rc=$?
 echo "gpu tests exit $tests_rc, benchmark exit $bench_rc"
 exit $(( tests_rc || bench_rc ))

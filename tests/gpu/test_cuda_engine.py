@@ -54,12 +54,15 @@ def test_fp16_files_match_fp32_closely():
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((2, 80, 50)).astype(np.float32), "mask": np.ones((2, 1, 50), np.float32),
              "mu": rng.standard_normal((2, 80, 50)).astype(np.float32), "t": np.array([0.3, 0.7], np.float32),
-             "spks": rng.standard_normal((2, 80)).astype(np.float32), "cond": np.zeros((2, 80, 50), np.float32)}
+             "spks": rng.standard_normal((2, 80)).astype(np.float32), "cond": np.zeros((2, 80, 50), np.float32),
+             "streaming": np.array([1, 0], np.int64)}
     out = {p: rt.session(BUNDLED_MODEL / f"flow.decoder.estimator.{p}.onnx").run(None, feeds)[0] for p in ("fp32", "fp16")}
     rel = np.abs(out["fp16"] - out["fp32"]).max() / np.abs(out["fp32"]).max()
     assert rel < 2e-2
     mel = rng.standard_normal((1, 80, 40)).astype(np.float32)
-    wav = {p: rt.session(BUNDLED_MODEL / f"hift.{p}.onnx").run(None, {"speech_feat": mel})[0] for p in ("fp32", "fp16")}
+    feeds = {"speech_feat": mel, "noise": rng.standard_normal((1, 40 * 480, 9)).astype(np.float32),
+             "cache_source": np.zeros((1, 1, 0), np.float32)}
+    wav = {p: rt.session(BUNDLED_MODEL / f"hift.{p}.onnx").run(["waveform"], feeds)[0] for p in ("fp32", "fp16")}
     assert np.abs(wav["fp16"] - wav["fp32"]).max() < 2e-2
 
 
