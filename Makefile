@@ -46,7 +46,7 @@ install-test: $(TEST_STAMP) system-deps
 
 # The converter's dependencies (torch, upstream CosyVoice2's model code) for `convert` and the parity suite.
 $(CONVERT_STAMP): $(STAMP)
-	$(PIP) install -q $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS)) "$(TORCH)" -e "./inference_image[convert]"
+	$(PIP) install -q $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS)) "$(TORCH)" -e "./inference_image[cpu,convert]"
 	$(PIP) install -q --no-deps "$(UPSTREAM)"
 	touch $@
 

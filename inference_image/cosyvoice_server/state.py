@@ -77,7 +77,7 @@ class ServerState:
         st = m.streaming
         voice = p.voices[self.voice(body.voice_id)]
         # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.
-        chunked = body.streaming and body.speed == 1.0
+        chunked = body.stream and body.speed == 1.0
         return SynthesisRequest(
             segments=p.frontend.segments(body.input),
             voice=voice,
