@@ -1,14 +1,23 @@
-"""Text frontend: normalization, tokenization and segmentation.
+"""Text frontend as upstream CosyVoice2's `CosyVoiceFrontEnd.text_normalize` (cli/frontend.py, with
+wetext): normalization, the paragraph split into LLM segments, and the Qwen2 tokenizer.
 
-CosyVoice2 feeds the LLM at most a sentence or two at a time; long inputs are split at sentence
-punctuation into segments of at most `max_text_tokens_per_segment` tokens, synthesized one after
-another into one audio stream.
+With `text_frontend` on: text with Chinese characters goes through wetext's zh normalizer and
+upstream's clean-ups (blanks between CJK characters, corner marks, brackets, '.' -> '。'), other text
+through wetext's en normalizer and digits spelled out; then `split_paragraph` cuts at sentence
+punctuation and packs sentences into segments of about 60-80 tokens (characters for Chinese), merging
+a short tail (< 20) into the previous segment; segments of punctuation only are dropped. With it off,
+the text is one segment, untouched (upstream's `text_frontend=False`).
+
+Before either, control characters are removed and whitespace collapsed, and a segment longer than
+`hard_max_tokens` (a sentence without punctuation) is cut there: upstream would pass it whole and run
+past its flow noise buffer.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -16,39 +25,125 @@ from tokenizers import Tokenizer
 
 _SPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]")
-# Split after sentence-final punctuation (Latin and CJK), keeping it with its sentence.
-_SENTENCE_END = re.compile(r"(?<=[.!?;。！？；…])\s*")
+_CHINESE = re.compile(r"[\u4e00-\u9fff]")
+_ZH_STOPS = "。？！；：、.?!;"
+_EN_STOPS = ".?!;:"
 
 
 def normalize(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text)
-    text = _CONTROL.sub(" ", text)
-    return _SPACE.sub(" ", text).strip()
+    """Control characters out, whitespace runs to one space (no NFKC: upstream keeps full-width punctuation)."""
+    return _SPACE.sub(" ", _CONTROL.sub(" ", text)).strip()
+
+
+def contains_chinese(text: str) -> bool:
+    return bool(_CHINESE.search(text))
+
+
+def only_punctuation(text: str) -> bool:
+    return all(unicodedata.category(c)[0] in "PS" for c in text)
+
+
+def drop_blanks_between_cjk(text: str) -> str:
+    """Keeps a space only between two ASCII non-space characters (upstream's replace_blank)."""
+    out = []
+    for i, c in enumerate(text):
+        if c == " ":
+            nxt, prev = text[i + 1] if i + 1 < len(text) else "", text[i - 1] if i else ""
+            if nxt.isascii() and nxt not in ("", " ") and prev.isascii() and prev not in ("", " "):
+                out.append(c)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def zh_cleanup(text: str) -> str:
+    text = drop_blanks_between_cjk(text.replace("\n", ""))
+    text = text.replace("²", "平方").replace("³", "立方")
+    text = text.replace(".", "。").replace(" - ", "，")
+    for mark in ("（", "）", "【", "】", "`"):
+        text = text.replace(mark, "")
+    text = text.replace("——", " ")
+    return re.sub(r"[，,、]+$", "。", text)
+
+
+def spell_out_numbers(text: str, to_words) -> str:
+    return re.sub(r"\d+", lambda m: to_words(m.group(0)), text)
+
+
+def split_paragraph(text: str, length, zh: bool, max_n: int = 80, min_n: int = 60, merge_n: int = 20) -> list[str]:
+    """Upstream's split_paragraph: sentences end at punctuation (a closing quote stays with its sentence);
+    a segment is closed when adding the next sentence passes max_n while it already has more than min_n;
+    a last segment shorter than merge_n joins the one before. `length` counts tokens (characters for zh)."""
+    stops = _ZH_STOPS if zh else _EN_STOPS
+    if text[-1] not in stops:
+        text += "。" if zh else "."
+    sentences, start, i = [], 0, 0
+    while i < len(text):
+        if text[i] in stops:
+            end = i + 1
+            if end < len(text) and text[end] in ('"', "”"):
+                end += 1
+            if text[start:i]:
+                sentences.append(text[start:end])
+            elif end > i + 1 and sentences:  # a lone stop before a quote: the quote joins the previous sentence
+                sentences[-1] += text[i + 1:end]
+            start, i = end, end
+        else:
+            i += 1
+    segments, current = [], ""
+    for s in sentences:
+        if length(current + s) > max_n and length(current) > min_n:
+            segments.append(current)
+            current = ""
+        current += s
+    if current:
+        if length(current) < merge_n and segments:
+            segments[-1] += current
+        else:
+            segments.append(current)
+    return segments
 
 
 class TextFrontend:
-    def __init__(self, tokenizer_path: Path, max_tokens_per_segment: int) -> None:
+    def __init__(self, tokenizer_path: Path, max_tokens_per_segment: int, min_tokens_per_segment: int = 60,
+                 merge_tokens: int = 20, text_frontend: bool = True, hard_max_tokens: int = 400) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.max_tokens = max_tokens_per_segment
+        self.min_tokens = min_tokens_per_segment
+        self.merge_tokens = merge_tokens
+        self.text_frontend = text_frontend
+        self.hard_max = max(hard_max_tokens, max_tokens_per_segment)
+
+    @cached_property
+    def _normalizers(self):
+        from inflect import engine
+        from wetext import Normalizer
+
+        return (Normalizer(lang="zh", operator="tn", remove_erhua=False), Normalizer(lang="en", operator="tn"),
+                engine().number_to_words)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+    def texts(self, text: str) -> list[str]:
+        """The text of each LLM segment."""
+        text = normalize(text)
+        if not text:
+            return []
+        if not self.text_frontend:
+            return [text]
+        zh_tn, en_tn, to_words = self._normalizers
+        if contains_chinese(text):
+            texts = split_paragraph(zh_cleanup(zh_tn.normalize(text)), len, True, self.max_tokens, self.min_tokens,
+                                    self.merge_tokens)
+        else:
+            texts = split_paragraph(spell_out_numbers(en_tn.normalize(text), to_words), lambda t: len(self.encode(t)),
+                                    False, self.max_tokens, self.min_tokens, self.merge_tokens)
+        return [t for t in texts if not only_punctuation(t)]
+
     def segments(self, text: str) -> list[np.ndarray]:
-        """Normalized text as token-id arrays, each at most max_tokens long, split at sentence ends
-        where possible and packed greedily so short sentences share a segment."""
-        out: list[list[int]] = []
-        current: list[int] = []
-        for sentence in filter(None, _SENTENCE_END.split(normalize(text))):
-            ids = self.encode(sentence if not current else " " + sentence)
-            if current and len(current) + len(ids) > self.max_tokens:
-                out.append(current)
-                current = []
-                ids = self.encode(sentence)
-            current.extend(ids)
-            while len(current) > self.max_tokens:
-                out.append(current[: self.max_tokens])
-                current = current[self.max_tokens :]
-        if current:
-            out.append(current)
-        return [np.asarray(s, dtype=np.int64) for s in out]
+        out = []
+        for t in self.texts(text):
+            ids = self.encode(t)
+            out.extend(ids[i : i + self.hard_max] for i in range(0, len(ids), self.hard_max))
+        return [np.asarray(s, dtype=np.int64) for s in out if s]

@@ -182,3 +182,43 @@ def test_fp16_files_stay_within_the_documented_tolerance(converted, pipeline):
     for k, e in errs.items():
         report(f"fp16 vs fp32 {k}", e)
         assert e <= FP16_TOL[k]
+
+
+PARAGRAPHS = [
+    "Hello world, this is a small test of speech synthesis.",
+    "I paid $12.50 on Jan 3, 2024 at 10:30am. The quick brown fox jumps over the lazy dog? " * 4 + "Done!",
+    '"Is it streaming?" she asked. "Yes," he said; chunk by chunk: 25 tokens, then 50, then 100.',
+    "今天是2024年1月3日，气温25度。我们（在北京）测试【语音合成】的流式输出！" * 3 + "好的",
+    "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐，笑容如花儿般绽放。",
+]
+
+
+@pytest.mark.parametrize("text", PARAGRAPHS)
+def test_text_frontend_segments_as_upstream_text_normalize(pipeline, checkpoint, text):
+    """Upstream's CosyVoiceFrontEnd.text_normalize steps with its own frontend_utils and wetext."""
+    from functools import partial
+
+    from cosyvoice.utils import frontend_utils as fu
+    from inflect import engine
+    from transformers import AutoTokenizer
+    from wetext import Normalizer
+
+    from cosyvoice_server.convert.convert import SPECIAL_TOKENS
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint / "CosyVoice-BlankEN"))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    encode = lambda t: tok([t])["input_ids"][0]  # noqa: E731  (QwenTokenizer.encode)
+    t = text.strip()
+    if fu.contains_chinese(t):
+        t = Normalizer(lang="zh", operator="tn", remove_erhua=False).normalize(t).replace("\n", "")
+        t = fu.remove_bracket(fu.replace_corner_mark(fu.replace_blank(t)).replace(".", "。").replace(" - ", "，"))
+        import re
+
+        t = re.sub(r"[，,、]+$", "。", t)
+        want = fu.split_paragraph(t, partial(encode), "zh", token_max_n=80, token_min_n=60, merge_len=20, comma_split=False)
+    else:
+        t = fu.spell_out_number(Normalizer(lang="en", operator="tn").normalize(t), engine())
+        want = fu.split_paragraph(t, partial(encode), "en", token_max_n=80, token_min_n=60, merge_len=20, comma_split=False)
+    want = [w for w in want if not fu.is_only_punctuation(w)]
+    assert pipeline.frontend.texts(text) == want
+    assert [s.tolist() for s in pipeline.frontend.segments(text)] == [encode(w) for w in want]

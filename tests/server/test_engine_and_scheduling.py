@@ -119,16 +119,19 @@ def test_repetition_aware_sampling_escapes_a_loop():
     assert len(picks(list(greedy) * 10)) > 1  # ... until it fills the window: then RAS samples the full distribution
 
 
-def test_frontend_normalizes_and_segments_at_sentences():
-    fe = TextFrontend(BUNDLED_MODEL / "tokenizer.json", max_tokens_per_segment=60)
-    assert normalize("  Ｈｅｌｌｏ\u0007\n\n world  ") == "Hello world"
-    text = "First sentence is here. Second one follows! " + "A very long sentence without any stop " * 4
-    segs = fe.segments(text)
-    assert all(0 < len(s) <= 60 for s in segs) and len(segs) == 4
-    assert fe.tokenizer.decode(segs[0].tolist()) == "First sentence is here. Second one follows!"  # short ones share
-    spoken = "".join(fe.tokenizer.decode(s.tolist()) for s in segs)
-    assert spoken.replace(" ", "") == normalize(text).replace(" ", "")  # nothing lost or repeated
-    assert fe.segments("こんにちは。元気ですか？")  # CJK punctuation and multi-byte text
+def test_frontend_normalizes_and_segments_as_upstream():
+    fe = TextFrontend(BUNDLED_MODEL / "tokenizer.json", max_tokens_per_segment=80)
+    assert normalize("  Ｈｅｌｌｏ\u0007\n\n world！ ") == "Ｈｅｌｌｏ world！"
+    assert fe.texts("I have 3 cats and 12 dogs") == ["I have three cats and twelve dogs."]  # wetext, then a stop
+    assert "二零二四" in fe.texts("今天是2024年1月3日")[0]
+    sentence = "This sentence has a handful of words in it. "  # 44 byte-level tokens
+    texts = fe.texts(sentence * 5 + "Short.")
+    assert len(texts) == 3 and texts[-1].endswith("in it. Short.")  # 60-80 per segment; a short tail joins
+    assert fe.texts("?!") == []  # punctuation only: nothing to say
+    raw = TextFrontend(BUNDLED_MODEL / "tokenizer.json", 80, text_frontend=False)
+    assert raw.texts("I have 3 cats. And more.") == ["I have 3 cats. And more."]  # text_frontend=False: as is
+    endless = fe.segments("word " * 600)  # no punctuation: upstream would keep it whole
+    assert max(len(s) for s in endless) <= 400 and sum(map(len, endless)) == len(fe.encode(fe.texts("word " * 600)[0]))
 
 
 @pytest.fixture(scope="module")

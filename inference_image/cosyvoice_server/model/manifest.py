@@ -58,8 +58,14 @@ class Sampling(_Strict):
 
 
 class Frontend(_Strict):
+    """Upstream CosyVoice2's text_normalize: wetext normalization and split_paragraph's lengths."""
+
     tokenizer: str = "tokenizer.json"
-    max_text_tokens_per_segment: int = Field(80, ge=8)
+    text_frontend: bool = Field(True, description="normalize (wetext) and split into segments; false: the text as is, "
+                                "one segment (upstream's text_frontend=False)")
+    max_text_tokens_per_segment: int = Field(80, ge=8, description="token_max_n")
+    min_text_tokens_per_segment: int = Field(60, ge=0, description="token_min_n: a segment closes only past it")
+    merge_text_tokens: int = Field(20, ge=0, description="merge_len: a shorter last segment joins the previous one")
 
 
 class LLM(StageFiles):
