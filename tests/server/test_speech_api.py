@@ -148,7 +148,8 @@ def stream_raw(url: str, **body) -> list[bytes]:
 @pytest.mark.parametrize("fmt", ["mp3", "aac", "opus", "flac"])
 def test_compressed_formats_stream_by_default_and_decode(server, fmt):
     text = " ".join([SENTENCE] * 6)
-    pcm = np.frombuffer(speech(server.url, seed=8, input=text, response_format="pcm").content, "<i2")
+    # streamed pcm: a streamed response is generated in chunks (upstream's streaming), a whole file in one piece
+    pcm = np.frombuffer(b"".join(stream_raw(server.url, seed=8, input=text, response_format="pcm")), "<i2")
     parts = stream_raw(server.url, seed=8, input=text, response_format=fmt)
     assert len(parts) >= 2, "audio must leave in pieces as it is encoded, not as one file at the end"
     _, rate, decoded = decode(b"".join(parts))

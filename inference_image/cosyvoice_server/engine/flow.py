@@ -100,8 +100,8 @@ class FlowEngine:
             self.rt.bind_out(bind, "estimator_out")
             self.estimator.run_with_iobinding(bind)
             x_dev, x2 = self.cfm_step(x_dev, bind.get_outputs()[0], t1 - t0, self.spec.cfg_rate)
-        mel = x_dev.numpy()
-        return [mel[i, :, c.prompt_frames + c.offset_frames : c.token_len * self.ratio] for i, c in enumerate(chunks)]
+        mel = x_dev.numpy()  # may share ONNX Runtime's buffer, which a later run reuses: the chunks are copies
+        return [mel[i, :, c.prompt_frames + c.offset_frames : c.token_len * self.ratio].copy() for i, c in enumerate(chunks)]
 
 
 @dataclass
