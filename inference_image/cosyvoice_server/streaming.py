@@ -62,9 +62,10 @@ class ChunkPlanner:
 
 
 def interpolate_mel(mel: np.ndarray, speed: float) -> np.ndarray:
-    """F.interpolate(mel[None], size=int(T / speed), mode='linear') with torch's float32 index math."""
+    """F.interpolate(mel[None], size=int(T / speed), mode='linear') with torch's float32 index math (and
+    never fewer than one frame, where upstream would fail on an empty size)."""
     t = mel.shape[1]
-    size = int(t / speed)
+    size = max(1, int(t / speed))
     if speed == 1.0 or size == t:
         return mel
     scale = np.float32(t) / np.float32(size)
