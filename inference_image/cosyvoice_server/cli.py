@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import Settings, env_name, flag_name, from_env_and_args
+from .config import ConfigError, Settings, env_name, flag_name, from_env_and_args
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         validate_model_dir(settings.model_dir, extra_aliases=settings.voice_alias_table())
         Runtime(settings.device, RuntimeOptions(device_id=settings.device_id))
         settings.resolved_api_key()
-    except (ModelLoadError, DeviceError, OSError) as exc:
+    except (ModelLoadError, DeviceError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from .server import run

@@ -22,6 +22,7 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     FAILED = "failed"
+    SHUTDOWN = "shutdown"  # the drain deadline passed before it finished
 
 
 @dataclass
@@ -40,6 +41,7 @@ class SynthesisRequest:
     loop: asyncio.AbstractEventLoop
     planner: ChunkPlanner
     stitcher: Stitcher
+    max_tokens: int  # speech tokens this request may produce at most (its output bound)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
