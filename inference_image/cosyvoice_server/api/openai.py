@@ -138,13 +138,17 @@ class _Timeout(Exception):
     pass
 
 
+class _Disconnected(Exception):
+    """The client hung up; an ordinary event, not an error to log with a traceback."""
+
+
 async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | Done:
     """Next audio chunk or the end marker; raises _Timeout at the deadline. Without a stream to write
     to, the client's disconnect is noticed by polling the connection before each chunk and every
     0.25 s (chunks arrive back to back while audio flows, so polling only on idle waits misses it)."""
     while True:
         if request is not None and await request.is_disconnected():
-            raise asyncio.CancelledError
+            raise _Disconnected
         remaining = req.deadline - time.monotonic()
         if remaining <= 0:
             raise _Timeout
@@ -205,9 +209,14 @@ async def create_speech(request: Request) -> Response:
         outcome = item.outcome
     except _Timeout:
         outcome = Outcome.TIMEOUT
+    except _Disconnected:
+        pass  # outcome stays CANCELLED
     finally:
         if not streaming:
             s.scheduler.release(req, outcome)
+    if outcome == Outcome.CANCELLED:
+        s.record(499, started)
+        return Response(status_code=499)  # nobody reads it: the connection is gone
     if outcome == Outcome.TIMEOUT:
         s.record(504, started)
         raise APIError(504, f"Synthesis did not finish within the request timeout of {s.settings.request_timeout_s:g} s.",
