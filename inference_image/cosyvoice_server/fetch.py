@@ -84,6 +84,11 @@ class _Budget:
         if self.bytes_left < 0:
             raise FetchError(f"{self.what}: more than {human(self.limits.max_bytes)} (--max-bytes)")
 
+    def check_declared(self, size: int, label: str) -> None:
+        """Refuses at once a source whose announced size is already over the cap."""
+        if size > self.limits.max_bytes:
+            raise FetchError(f"{label}: {human(size)} is more than {human(self.limits.max_bytes)} (--max-bytes)")
+
     def take_file(self) -> None:
         self.files_left -= 1
         if self.files_left < 0:
@@ -111,9 +116,7 @@ def _http(uri: str, to: Path, budget: _Budget, digest) -> None:
             if r.status_code != 200:
                 raise FetchError(f"{shown(uri)}: HTTP {r.status_code} {r.reason_phrase}")
             declared = r.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > budget.limits.max_bytes:
-                raise FetchError(f"{shown(uri)}: {human(int(declared))} is more than "
-                                 f"{human(budget.limits.max_bytes)} (--max-bytes)")
+            budget.check_declared(int(declared) if declared.isdigit() else 0, shown(uri))
             _copy(r.iter_bytes(CHUNK), to, budget, digest)
     except httpx.HTTPError as exc:
         raise FetchError(f"{shown(uri)}: download failed: {exc.__class__.__name__}: {exc}") from None
@@ -136,9 +139,7 @@ def _s3(uri: str, to: Path, budget: _Budget, digest) -> None:
     bucket, key = _bucket_key(uri)
     try:
         obj = boto3.client("s3").get_object(Bucket=bucket, Key=key)
-        if obj.get("ContentLength", 0) > budget.limits.max_bytes:
-            raise FetchError(f"{uri}: {human(obj['ContentLength'])} is more than "
-                             f"{human(budget.limits.max_bytes)} (--max-bytes)")
+        budget.check_declared(obj.get("ContentLength", 0), uri)
         _copy(obj["Body"].iter_chunks(CHUNK), to, budget, digest)
     except NoCredentialsError:
         raise FetchError(f"{uri}: no AWS credentials (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
@@ -166,8 +167,7 @@ def _gs(uri: str, to: Path, budget: _Budget, digest) -> None:
         blob = client.bucket(bucket).get_blob(key)
         if blob is None:
             raise FetchError(f"{uri}: GCS: no such object")
-        if (blob.size or 0) > budget.limits.max_bytes:
-            raise FetchError(f"{uri}: {human(blob.size)} is more than {human(budget.limits.max_bytes)} (--max-bytes)")
+        budget.check_declared(blob.size or 0, uri)
         with blob.open("rb", chunk_size=CHUNK) as src:
             _copy(src, to, budget, digest)
     except GoogleAPIError as exc:
