@@ -40,7 +40,7 @@ system-deps:
 # S3/GCS clients and emulators for the fetch tests, outside the venv's site-packages (see the file).
 $(STORAGE_STAMP): $(VENV)/bin/python requirements-storage-test.txt
 	rm -rf $(STORAGE_LIBS)
-	$(PIP) install -q --target $(STORAGE_LIBS) -r requirements-storage-test.txt
+	$(PIP) install -q --no-warn-conflicts --target $(STORAGE_LIBS) -r requirements-storage-test.txt
 	touch $@
 
 install-test: $(TEST_STAMP) $(STORAGE_STAMP) system-deps

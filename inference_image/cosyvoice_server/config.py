@@ -120,6 +120,8 @@ def _json_type(annotation: Any) -> str:
     if get_origin(annotation) is Literal:
         return "string"
     kinds = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
+    if kinds == {bool}:
+        return "boolean"
     if kinds == {int}:
         return "integer"
     if kinds == {float}:
