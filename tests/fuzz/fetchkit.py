@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -17,6 +18,12 @@ from cosyvoice_server.config import BUNDLED_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 STORAGE_LIBS = Path(sys.prefix) / "storage-libs"  # `make install-test` puts boto3, moto, GCS there
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def storage_env() -> dict[str, str]:

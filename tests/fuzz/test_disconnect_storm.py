@@ -26,7 +26,7 @@ def _body(rng: random.Random, i: int, **kw) -> dict:
 
 
 async def _complete_wav(c: httpx.AsyncClient, body: dict) -> str | None:
-    r = await c.post("/v1/audio/speech", json=body | {"response_format": "wav"})
+    r = await c.post("/v1/audio/speech", json=body | {"response_format": "wav", "stream": False})
     if r.status_code != 200:
         return f"wav: HTTP {r.status_code} {r.text[:200]}"
     audio, sr = sf.read(io.BytesIO(r.content), dtype="int16")
@@ -37,7 +37,7 @@ async def _complete_wav(c: httpx.AsyncClient, body: dict) -> str | None:
 
 async def _complete_sse(c: httpx.AsyncClient, body: dict) -> str | None:
     pcm, done = b"", None
-    async with c.stream("POST", "/v1/audio/speech", json=body | {"response_format": "pcm", "stream_format": "sse"}) as r:
+    async with c.stream("POST", "/v1/audio/speech", json=body | {"response_format": "pcm", "stream": True, "stream_format": "sse"}) as r:
         async for line in r.aiter_lines():
             if line.startswith("data: "):
                 event = json.loads(line[6:])
@@ -57,7 +57,7 @@ async def _hang_up(c: httpx.AsyncClient, body: dict, after_s: float, how: str) -
     first byte, often while still queued for the LLM), "mid-stream" (dropped after its first audio)."""
     async def go():
         if how == "waiting":
-            await c.post("/v1/audio/speech", json=body | {"response_format": "wav"})
+            await c.post("/v1/audio/speech", json=body | {"response_format": "wav", "stream": False})
             return
         async with c.stream("POST", "/v1/audio/speech", json=body | {"response_format": "pcm", "stream": True}) as r:
             async for _ in r.aiter_raw():
@@ -101,7 +101,7 @@ async def test_disconnect_storm_keeps_every_other_request_whole(start_server):
         time.sleep(0.1)
     log = s.log()
     assert "Traceback" not in log and "failed; failing" not in log, log[-3000:]
-    after = httpx.post(s.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Still fine.", "response_format": "wav"},
-                       timeout=60)
+    after = httpx.post(s.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Still fine.", "response_format": "wav",
+                                                           "stream": False}, timeout=60)
     assert after.status_code == 200
     print(f"storm: {len(kinds)} clients ({kinds.count('hang-up')} hang-ups) in {storm_s:.1f} s")

@@ -10,9 +10,8 @@ import time
 
 import httpx
 import pytest
-from fetchkit import STORAGE_LIBS, assert_left_nothing, assert_one_line_failure, model_tar, run_fetch, storage_env
-
-from conftest import free_port
+from fetchkit import (STORAGE_LIBS, assert_left_nothing, assert_one_line_failure, free_port, model_tar, run_fetch,
+                      storage_env)
 
 pytestmark = pytest.mark.skipif(not STORAGE_LIBS.is_dir(), reason="`make install-test` installs the storage clients")
 

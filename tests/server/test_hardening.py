@@ -4,6 +4,7 @@ against real server processes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -14,13 +15,18 @@ import time
 import httpx
 import pytest
 
-from conftest import free_port
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 LONG = " ".join(["Streaming speech synthesis keeps going for quite a while here."] * 30)
 
 
 def body(text: str = "Hardened servers answer clearly.", **kw) -> dict:
-    return {"model": "tts-1", "input": text, "response_format": "wav"} | kw
+    """A whole-file request (its status and headers say how it ended) unless kw says otherwise."""
+    return {"model": "tts-1", "input": text, "response_format": "wav", "stream": False} | kw
 
 
 def serve(env: dict[str, str], timeout: float = 30) -> subprocess.CompletedProcess:
@@ -174,12 +180,23 @@ def test_a_stalled_body_gets_408_in_openai_shape(start_server):
 async def test_drain_timeout_answers_503_in_openai_shape(start_server):
     s = start_server("--drain-timeout-s", "0.3")
     async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
-        tasks = [asyncio.create_task(client.post("/v1/audio/speech", json=body(LONG, seed=i))) for i in range(3)]
+        tasks = [asyncio.create_task(client.post("/v1/audio/speech", json=body(LONG, seed=i))) for i in range(2)]
+        sse = body(LONG, seed=9, stream=True, stream_format="sse", response_format="pcm")
+        events: list[dict] = []
+
+        async def read_sse():
+            async with client.stream("POST", "/v1/audio/speech", json=sse) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+
+        tasks.append(asyncio.create_task(read_sse()))
         while 'cosyvoice_inflight_requests 3.0' not in (await client.get("/metrics")).text:
             await asyncio.sleep(0.02)
         s.proc.send_signal(signal.SIGTERM)
         done = await asyncio.gather(*tasks)
-    for r in done:
+    for r in done[:2]:
         assert r.status_code == 503, r.text[:200]
         assert r.json()["error"]["code"] == "shutting_down" and r.headers["retry-after"] == "1"
+    assert events and events[-1]["type"] == "error" and events[-1]["error"]["code"] == "shutting_down", events[-1:]
     assert s.proc.wait(30) == 0
