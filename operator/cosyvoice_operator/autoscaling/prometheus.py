@@ -33,9 +33,16 @@ from typing import Any
 from .policy import RATE_WINDOW_S, SHORT_WINDOW_S, TREND_WINDOW_S, Metrics
 
 SELECTOR_TOKEN = "$selector"
-RATE_WINDOW = f"{RATE_WINDOW_S:.0f}s"
-SHORT_WINDOW = f"{SHORT_WINDOW_S:.0f}s"  # at least two scrapes at the usual 15 s: the burst detector's window
-TREND_WINDOW = f"{TREND_WINDOW_S:.0f}s"
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration: 60 → 1m, 30 → 30s."""
+    return f"{seconds / 60:.0f}m" if seconds % 60 == 0 else f"{seconds:.0f}s"
+
+
+RATE_WINDOW = duration(RATE_WINDOW_S)
+SHORT_WINDOW = duration(SHORT_WINDOW_S)  # at least two scrapes at the usual 15 s: the burst detector's window
+TREND_WINDOW = duration(TREND_WINDOW_S)
 HISTORY_POINTS = 240  # the forecast's history: at most this many samples, one a minute or coarser
 
 TEMPLATES = {
