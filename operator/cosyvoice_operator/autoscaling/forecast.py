@@ -53,21 +53,35 @@ def detect_period(series: Sequence[float], step_s: float, min_period_s: float,
             best = (acf[i], lag)
     if best is None or best[0] < min_correlation:
         return None
-    return Season(best[1] * step_s, best[0])
+    # the peak between samples (a parabola through the three around it): a period off by a fraction of a
+    # step drifts a whole step every few periods
+    i = best[1] - (lo - 1)
+    a, b, c = acf[i - 1], acf[i], acf[i + 1]
+    shift = 0.5 * (a - c) / (a - 2 * b + c) if (a - 2 * b + c) < 0 else 0.0
+    return Season((best[1] + max(-0.5, min(0.5, shift))) * step_s, best[0])
 
 
 def seasonal(series: Sequence[float], step_s: float, season: Season, horizon_s: float,
              level_window_s: float = 300.0) -> list[float]:
     """Forecast of the next ``horizon_s`` (one value per step, the first one step ahead)."""
-    p = int(round(season.period_s / step_s))
+    period = season.period_s / step_s  # in samples, fractional
+    p = int(round(period))
     n = len(series)
     w = max(1, int(round(level_window_s / step_s)))
     now_level = sum(series[-w:]) / w
     then = series[max(0, n - p - w):n - p]
     level = now_level / (sum(then) / len(then)) if then and sum(then) > 0 else 1.0
     level = min(2.0, max(0.5, level))  # a level change is a scale, not a new pattern
+
+    def at(x: float) -> float:  # linear interpolation between samples
+        i = int(math.floor(x))
+        return series[i] + (series[i + 1] - series[i]) * (x - i) if i + 1 < n else series[i]
+
     out = []
     for h in range(1, int(math.ceil(horizon_s / step_s)) + 1):
-        past = [series[n - 1 + h - k * p] for k in range(1, n // p + 1) if 0 <= n - 1 + h - k * p < n]
-        out.append(level * sum(past) / len(past) if past else now_level)
+        # each period seen, at this phase and one sample either side (the period is known to about a
+        # sample): the highest of them, so a peak is not forecast late or low because the cycles jitter
+        past = [at(x) for k in range(1, int(n // period) + 1) for d in (-1, 0, 1)
+                if 0 <= (x := n - 1 + h - k * period + d) < n]
+        out.append(level * max(past) if past else now_level)
     return out

@@ -134,8 +134,8 @@ class Settings:
 
     @property
     def horizon_s(self) -> float:
-        """How far ahead demand is forecast: a replica created now serves after the cold start, and the
-        rate it is decided on is a rate window old and acted on one evaluation later."""
+        """How far ahead demand is forecast: a replica created now serves after the cold start (plus up to
+        one evaluation), and a rate over a window shows a change completely only a window later."""
         return self.cold_start_s + RATE_WINDOW_S + self.interval_s
 
     @property
@@ -174,7 +174,15 @@ class Metrics:
     inflight_growth_short: float | None = None  # the in-flight gauge's growth over the short window
     audio_s: float | None = None  # mean seconds of audio per request (request length, for the profile)
     rate_history: tuple[float, ...] = ()  # the rate over the forecast lookback, oldest first, ending now
-    history_step_s: float = 60.0  # spacing of rate_history
+    work_history: tuple[float, ...] = ()  # the same for seconds of audio per second (the work), when measured
+    history_step_s: float = 60.0  # spacing of rate_history and work_history
+
+    def season_series(self) -> tuple[float, ...]:
+        """The series a recurring pattern is looked for in: the work (audio seconds per second) when it
+        is measured, since requests that get longer at the same rate are a change of load too."""
+        if self.audio_s and len(self.work_history) == len(self.rate_history) and any(self.work_history):
+            return self.work_history
+        return self.rate_history
     error: str | None = None
 
     @property
@@ -206,7 +214,7 @@ class History:
     last_audio_s: float | None = None  # its mean request length
     season_s: float | None = None  # the recurring period found in the rate history (None: none)
     season_checked: float | None = None  # when it was last looked for
-    forecast: tuple[float, ...] = ()  # the seasonal forecast made at last_ok, one value per forecast_step_s
+    forecast: tuple[float, ...] = ()  # replicas the seasonal forecast made at last_ok needs, per forecast_step_s
     forecast_step_s: float = 60.0
 
 
@@ -232,49 +240,82 @@ def _season(now: float, m: Metrics, s: Settings, h: History) -> tuple[float | No
     """The recurring period of the rate history (cached in the history for SEASON_RECHECK_S)."""
     if h.season_checked is not None and now - h.season_checked < SEASON_RECHECK_S:
         return h.season_s, h.season_checked
-    if len(m.rate_history) < 8:
+    series = m.season_series()
+    if len(series) < 8:
         return None, h.season_checked
-    found = forecast.detect_period(m.rate_history, m.history_step_s, s.horizon_s, s.season_min_correlation)
+    found = forecast.detect_period(series, m.history_step_s, s.horizon_s, s.season_min_correlation)
     return (found.period_s if found else None), now
 
 
-def _demand(m: Metrics, s: Settings, h: History, after_burst: bool,
-            season_s: float | None) -> tuple[float, str, tuple[float, ...]]:
-    """The arrival rate to size for (req/s), what set it, and the seasonal forecast (for outages)."""
+def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) -> tuple[float, str]:
+    """The arrival rate to size for now (req/s), and what set it."""
     arrival = m.arrival_qps or 0.0
-    demand, which = arrival, "qps"
     short = m.arrival_qps_short
     if short is not None and short > arrival * (1 + s.tolerance) and \
             short - arrival > BURST_Z * math.sqrt(max(arrival, 1.0 / SHORT_WINDOW_S) / SHORT_WINDOW_S):
-        demand, which = short, "qps (burst, short window)"
-    elif m.qps_slope is not None and m.qps_slope * TREND_WINDOW_S > s.tolerance * arrival and not after_burst \
+        return short, "qps (burst, short window)"
+    if m.qps_slope is not None and m.qps_slope * TREND_WINDOW_S > s.tolerance * arrival and not after_burst \
             and season_s is None:  # with a recurring pattern, its forecast is the better model of the rise
         ahead = arrival + m.qps_slope * s.horizon_s
-        demand, which = ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.horizon_s:.0f} s)"
-    predicted: tuple[float, ...] = ()
-    if season_s is not None and m.rate_history:
-        horizon = max(s.horizon_s, s.follow_trend_s)
-        predicted = tuple(forecast.seasonal(m.rate_history, m.history_step_s, forecast.Season(season_s, 1.0),
-                                            horizon))
-        steps = max(1, math.ceil(s.horizon_s / m.history_step_s))
-        # the forecast is of the 1-minute rate, which lags arrivals by half a window: compare like with like
-        peak = max(predicted[:steps])
-        if peak > demand * (1 + s.tolerance):
-            demand, which = peak, f"qps recurring every {season_s / 60:.0f} min ({arrival:.1f} → {peak:.1f} " \
-                                  f"within {s.horizon_s:.0f} s)"
-    return demand, which, predicted
+        return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.horizon_s:.0f} s)"
+    return arrival, "qps"
 
 
-def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool,
-                  season_s: float | None) -> tuple[float | None, str, float | None, tuple[float, ...]]:
-    """Replicas the demand needs (a float), which signal set it, the demand, and the seasonal forecast."""
+def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None) -> tuple[float, ...]:
+    """Replicas the recurring pattern needs at each coming step (one per ``history_step_s``, over the longer
+    of the horizon and ``outageForecastSeconds``): its rate, and its request length when the work is
+    measured too (longer requests leave a replica fewer requests/s within the objective)."""
+    if season_s is None or not m.rate_history:
+        return ()
+    season = forecast.Season(season_s, 1.0)
+    horizon = max(s.horizon_s + RATE_WINDOW_S, s.follow_trend_s)
+    rates = forecast.seasonal(m.rate_history, m.history_step_s, season, horizon)
+    lengths: list[float | None] = [m.audio_s] * len(rates)
+    if m.audio_s and len(m.work_history) == len(m.rate_history):
+        works = forecast.seasonal(m.work_history, m.history_step_s, season, horizon)
+        # Lengths as the history measured them, where the served rate was the offered one: while replicas
+        # were saturated the short requests finished first and the long ones later, in bursts.
+        typical = sorted(m.rate_history)[len(m.rate_history) // 2]
+        seen = [w / r for r, w in zip(m.rate_history, m.work_history) if r >= typical / 2 and r > 0 and w > 0]
+        lo, hi = (min(seen), max(seen)) if seen else (m.audio_s, m.audio_s)
+        lengths = [min(hi, max(lo, w / r)) if r > 0 and w > 0 else m.audio_s for r, w in zip(rates, works)]
+    out = []
+    for rate, length in zip(rates, lengths):
+        per_replica, _ = s.per_replica_rate(length)
+        out.append(round(rate / per_replica, 3) if per_replica else 0.0)
+    return tuple(out)
+
+
+def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season_s: float | None,
+                  current: int, ready: int) -> tuple[float | None, str, float | None, tuple[float, ...]]:
+    """Replicas the demand needs (a float), which signal set it, the demand (req/s), and the seasonal
+    forecast (replicas per step, kept for an outage)."""
     best: float | None = None
     which, demand, predicted = "", None, ()
     per_replica, source = s.per_replica_rate(m.audio_s or h.last_audio_s)
     if per_replica and m.arrival_qps is not None:
-        demand, which, predicted = _demand(m, s, h, after_burst, season_s)
+        demand, which = _demand(m, s, after_burst, season_s)
         best = demand / per_replica
         which += f" at {per_replica:.2f} req/s per replica ({source})"
+        predicted = _seasonal_replicas(m, s, season_s)
+        # the history is of the 1-minute rate, which shows a change completely a rate window late: the
+        # pattern is followed that much further ahead
+        steps = max(1, math.ceil((s.horizon_s + RATE_WINDOW_S) / m.history_step_s))
+        peak = max(predicted[:steps], default=0.0)
+        if peak > best * (1 + s.tolerance):
+            best, which = peak, (f"the load recurring every {season_s / 60:.0f} min (needs {peak:.2f} replicas "
+                                 f"within {s.horizon_s:.0f} s; now {m.arrival_qps:.1f} req/s)")
+        # Saturated: every replica is ready, its batch full and a queue grows. What they serve is their
+        # real capacity (the requests may be longer than the measured mean, which lags, or the profile
+        # optimistic): the replicas needed are the ready ones scaled by offered over served. Not while
+        # replicas warm: they are the capacity on its way.
+        batch = s.profile.max_batch_size if s.profile is not None else None
+        if batch and ready > 0 and ready == current and m.qps and m.inflight is not None \
+                and m.inflight >= batch * ready and m.arrival_qps > m.qps * (1 + s.tolerance):
+            saturated = ready * m.arrival_qps / m.qps
+            if saturated > best:
+                best, which = saturated, (f"saturated ({ready} replicas serve {m.qps:.1f} of {m.arrival_qps:.1f} "
+                                          f"req/s with full batches)")
     if s.target_inflight_per_replica and m.inflight is not None:
         value = m.inflight / s.target_inflight_per_replica
         if best is None or value > best:
@@ -282,24 +323,27 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool,
     return best, which, demand, predicted
 
 
-def _outage_demand(now: float, s: Settings, h: History) -> tuple[float | None, str]:
-    """Demand to keep serving while metrics are missing (None: nothing to follow). Raise only: the
+def _outage_replicas(now: float, s: Settings, h: History) -> tuple[float | None, str]:
+    """Replicas to keep serving while metrics are missing (None: nothing to follow). Raise only: the
     seasonal forecast made at the last reading, within its horizon, and the last rising trend for at
-    most ``follow_trend_s``; each only once it leaves the tolerance band around the last demand."""
+    most ``outageForecastSeconds``; each only once it leaves the tolerance band of the last demand."""
     if h.last_ok is None or h.last_demand is None:
+        return None, ""
+    per_replica, _ = s.per_replica_rate(h.last_audio_s)
+    if not per_replica:
         return None, ""
     best, which = None, ""
     elapsed = now - h.last_ok
     if h.forecast:
         first = int(elapsed // h.forecast_step_s)
-        window = h.forecast[first:first + max(1, math.ceil(s.horizon_s / h.forecast_step_s))]
+        window = h.forecast[first:first + max(1, math.ceil((s.horizon_s + RATE_WINDOW_S) / h.forecast_step_s))]
         if window:
             best, which = max(window), "the recurring pattern"
     if h.last_slope is not None and h.last_slope > 0:
-        trend = h.last_demand + h.last_slope * min(elapsed, s.follow_trend_s)
+        trend = (h.last_demand + h.last_slope * min(elapsed, s.follow_trend_s)) / per_replica
         if best is None or trend > best:
             best, which = trend, f"the last trend (+{h.last_slope:.3f} req/s per s)"
-    if best is None or best <= h.last_demand * (1 + s.tolerance):
+    if best is None or best <= h.last_demand / per_replica * (1 + s.tolerance):
         return None, ""
     return best, which
 
@@ -358,7 +402,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     season_s, season_checked = (history.season_s, history.season_checked) if metrics.error else \
         _season(now, metrics, s, history)
     needed, signal, demand, predicted = (None, "", None, ()) if metrics.error else \
-        _proportional(metrics, s, history, after_burst, season_s)
+        _proportional(metrics, s, history, after_burst, season_s, current, ready)
     burst_at = now if signal.startswith("qps (burst") else history.burst_at
 
     # 1. No data: hold (or the fallback, never lower). No recommendation is recorded.
@@ -367,13 +411,12 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         why = metrics.error or "no proportional signal (query returned no series)"
         desired, reason = current, "MetricsUnavailable"
         message = f"holding {current} replicas: {why}"
-        follow, what = _outage_demand(now, s, history)
-        per_replica, _ = s.per_replica_rate(history.last_audio_s)
-        if follow is not None and per_replica and ceil_(follow / per_replica) > current:
+        follow, what = _outage_replicas(now, s, history)
+        if follow is not None and ceil_(follow) > current:
             # Load was rising, or a recurring peak is due, when the data vanished: raise along that
             # forecast, within the scale-up policies. Never lowers anything.
             limit = scale_limit(s.scale_up, current, events, now, up=True)
-            up = min(ceil_(follow / per_replica), s.max_replicas, limit if limit is not None else s.max_replicas)
+            up = min(ceil_(follow), s.max_replicas, limit if limit is not None else s.max_replicas)
             if up > current:
                 desired = up
                 message = (f"raised to {desired} replicas along {what} ({now - (history.last_ok or now):.0f} s "
@@ -433,9 +476,11 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     if rec < current:
         down_window = s.scale_down.stabilization_s
         if season_s is not None:
-            # A trough lasts about half a period, and the forecast brings replicas back a horizon before the
-            # next rise: a longer window would always end as the load returns (and resonate with it).
-            down_window = min(down_window, max(0.0, season_s / 2 - s.horizon_s))
+            # With a recurring pattern the forecast, not the window, says whether the load comes back within
+            # a cold start (the recommendation is the most the pattern needs over the horizon). A fixed window
+            # would end at the same phase of every cycle: for a trough shorter than it, just as the load
+            # returns (the resonance). What is left is one rate window, so a drop is measured, not a blip.
+            down_window = min(down_window, RATE_WINDOW_S)
         window = [r for t, r in recs if now - t <= down_window]
         desired = min(current, max(window))
         if now - recs[0][0] < down_window:
@@ -481,7 +526,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
                    # a slope with a step's jump in it is not a trend to follow blind
                    last_slope=None if burst_at is not None and now - burst_at < TREND_WINDOW_S else metrics.qps_slope,
                    last_audio_s=metrics.audio_s or history.last_audio_s, season_s=season_s,
-                   season_checked=season_checked, forecast=tuple(round(v, 3) for v in predicted),
+                   season_checked=season_checked, forecast=predicted,
                    forecast_step_s=metrics.history_step_s)
     details = {"needed": float(needed)}
     if demand is not None:

@@ -203,17 +203,21 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
         infl_short = arrived[:short + 1].sum() - done[:short + 1].sum()
         growth_short = (infl[-1] - infl_short) / max(1, last - short)
         history: tuple[float, ...] = ()
+        work: tuple[float, ...] = ()
         step = 60.0
         if lookback > 0:
-            # the 1-minute rate, one sample a minute (coarser for long lookbacks), as a range query returns it
+            # the 1-minute rates, one sample a minute (coarser for long lookbacks), as a range query returns them
             step = max(60.0, math.ceil(lookback / 240 / 60) * 60)
             ends = np.arange(last, max(window, last - lookback) - 1, -int(step))[::-1]
             cum = np.concatenate([[0.0], np.cumsum(done[:last + 1])])
             history = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
+            cum = np.concatenate([[0.0], np.cumsum(audio_done[:last + 1])])
+            work = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
         return Observation(len(live), ready, Metrics(qps=qps, inflight=infl[-1], inflight_growth=growth,
                                                      qps_short=qps_short, qps_slope=slope,
                                                      inflight_growth_short=growth_short, audio_s=audio_s,
-                                                     rate_history=history, history_step_s=step,
+                                                     rate_history=history, work_history=work,
+                                                     history_step_s=step,
                                                      p95_ms=p95 * 1000 if not math.isnan(p95) else None))
 
     def scale_to(now: float, desired: int) -> None:

@@ -25,7 +25,7 @@ def dump(h: History) -> dict[str, Any]:
         "hotSince": h.hot_since, "burstTime": h.burst_at, "lastReadingTime": h.last_ok,
         "lastDemandQPS": h.last_demand, "lastSlope": h.last_slope, "lastAudioSeconds": h.last_audio_s,
         "seasonSeconds": h.season_s, "seasonCheckedTime": h.season_checked,
-        "forecastQPS": list(h.forecast), "forecastStepSeconds": h.forecast_step_s,
+        "forecastReplicas": list(h.forecast), "forecastStepSeconds": h.forecast_step_s,
     }
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items() if v is not None}
 
@@ -37,7 +37,7 @@ def load(raw: Any) -> History | None:
     try:
         recs = tuple((float(x["time"]), int(x["replicas"])) for x in raw.get("recommendations") or [])
         events = tuple((float(x["time"]), int(x["change"])) for x in raw.get("scaleEvents") or [])
-        forecast = tuple(float(v) for v in raw.get("forecastQPS") or [])
+        forecast = tuple(float(v) for v in raw.get("forecastReplicas") or [])
         failures = int(raw.get("failures") or 0)
     except (KeyError, TypeError, ValueError):
         return None

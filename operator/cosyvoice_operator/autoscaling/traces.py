@@ -95,7 +95,7 @@ def generate(family: str, seed: int, ts: TraceSet, unit_rps: float, audio_s: flo
         period = rng.uniform(*ts.periods_min) * 60
         x = rng.uniform(2, 4)
         shape = str(rng.choice(ts.shape))
-        lead = int(2 * period + 5 * 60)
+        lead = int(2 * period + 10 * 60)  # two periods in Prometheus before the scored part
         phase0 = rng.uniform(0, 1)
         t = np.arange(-lead, n)
         rate = base * (1 + (x - 1) * _wave(shape, ((t / period) + phase0) % 1.0))
@@ -128,12 +128,17 @@ def generate(family: str, seed: int, ts: TraceSet, unit_rps: float, audio_s: flo
         # the same request rate, the request length switching between mostly short and mostly long
         long_share_lo, long_share_hi = rng.uniform(0.0, 0.2), rng.uniform(0.6, 0.9)
         period = rng.uniform(15, 40) * 60
+        lead = int(2 * period + 10 * 60)
         t = np.arange(n)
         share = np.where(((t / period) % 1.0) < 0.5, long_share_lo, long_share_hi)
         short, long_ = audio_s / 3, audio_s * 2
         audio = short + (long_ - short) * share
         rate = np.full(n, base)
         params.update(long_share=f"{long_share_lo:.2f}-{long_share_hi:.2f}", period_s=round(period))
+        t = np.arange(-lead, 0)
+        lead_audio = short + (long_ - short) * np.where(((t / period) % 1.0) < 0.5, long_share_lo, long_share_hi)
+        return _finish(family, seed, np.full(lead + n, base), np.concatenate([lead_audio, audio]), lead, outages,
+                       params, cv)
     else:
         raise ValueError(f"unknown trace family {family!r} (one of {', '.join(FAMILIES)})")
     lead_rate = np.full(lead, rate[0])
