@@ -63,6 +63,8 @@ TEMPLATES = {
                    f"{{$selector}}[{RATE_WINDOW}]))) * 1000",
     "targets_up": "sum(up{$selector})",
     # the mean request length (seconds of audio per successful request): what a replica's capacity depends on
+    # the work (seconds of audio per second): with the rate, the forecast's history (range queries only)
+    "audio_rate": f"sum(rate(cosyvoice_audio_seconds_total{{$selector}}[{RATE_WINDOW}]))",
     "audio_s": f"sum(rate(cosyvoice_audio_seconds_total{{$selector}}[{RATE_WINDOW}])) / "
                f"sum(rate(cosyvoice_requests_total{{$selector,code=\"200\"}}[{RATE_WINDOW}]))",
 }
@@ -195,23 +197,27 @@ def read(query: Query, queries: dict[str, str], lookback_s: float = 0.0, now: fl
     if lookback_s > 0 and ranged is not None:
         step = max(60.0, math.ceil(lookback_s / HISTORY_POINTS / 60) * 60)
         end = datetime.fromtimestamp(now, timezone.utc) if now is not None else datetime.now(timezone.utc)
+        start = end - timedelta(seconds=lookback_s)
         try:
-            points = ranged(queries["qps"], end - timedelta(seconds=lookback_s), end, step)
+            points = ranged(queries["qps"], start, end, step)
+            work = ranged(queries["audio_rate"], start, end, step) if points else {}
         except QueryFailed:
-            points = {}  # the forecast is a refinement too: without history, the policy reacts
+            points, work = {}, {}  # the forecast is a refinement too: without history, the policy reacts
         if points:
-            values["rate_history"] = _regular(points, step)
+            t0, n = min(points), round((max(points) - min(points)) / step) + 1
+            values["rate_history"] = _regular(points, step, t0, n)
+            if work:
+                values["work_history"] = _regular(work, step, t0, n)
             values["history_step_s"] = step
     return Reading(Metrics(**values), queries)
 
 
-def _regular(points: dict[float, float], step: float) -> tuple[float, ...]:
-    """Samples on a regular grid, oldest first; a missing sample repeats the one before (a scrape gap is
-    not a drop to zero)."""
-    t0 = min(points)
+def _regular(points: dict[float, float], step: float, t0: float, n: int) -> tuple[float, ...]:
+    """``n`` samples on the grid ``t0 + k × step``, oldest first; a missing sample repeats the one before
+    (a scrape gap is not a drop to zero), and the first ones take the first value there is."""
     by_index = {round((t - t0) / step): v for t, v in points.items()}
-    out, last = [], by_index[0]
-    for k in range(max(by_index) + 1):
+    out, last = [], by_index[min(by_index)]
+    for k in range(n):
         last = by_index.get(k, last)
         out.append(round(last, 4))
     return tuple(out)
