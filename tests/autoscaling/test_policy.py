@@ -270,3 +270,26 @@ def test_settings_from_the_crd_example() -> None:
     defaults = Settings.from_spec(parse_spec({"autoscaling": {"enabled": True, "maxReplicas": 3,
                                                               "targetQPSPerReplica": 1}}).autoscaling)
     assert defaults.scale_down.stabilization_s == 300.0 and defaults.fallback_replicas is None
+
+
+def test_capacity_profile_sizes_for_the_objective_and_the_request_length() -> None:
+    from cosyvoice_operator.autoscaling import profile
+    from cosyvoice_operator.spec import InvalidSpec
+
+    auto = parse_spec({"autoscaling": {"enabled": True, "maxReplicas": 20, "targetP95LatencyMs": 1000,
+                                       "capacityProfile": "tiny-cpu", "coldStartSeconds": 60}}).autoscaling
+    s = Settings.from_spec(auto, profile.load(auto.capacity_profile))
+    assert (s.cold_start_s, s.horizon_s, s.sizing_latency_ratio, s.follow_trend_s) == (60.0, 135.0, 0.8, 600.0)
+    short, _ = s.per_replica_rate(4.0)
+    long_, _ = s.per_replica_rate(16.0)
+    assert short and long_ and short > 2 * long_  # long requests: fewer per replica within the objective
+    same_rate = m(40.0, p95_ms=300)
+    assert decide(0.0, replace(same_rate, audio_s=16.0), current=2, ready=2, policy=s, history=History()).desired > \
+        decide(0.0, replace(same_rate, audio_s=4.0), current=2, ready=2, policy=s, history=History()).desired
+    for bad, why in [({"capacityProfile": "a100"}, "not a bundled profile"),
+                     ({"capacityProfile": "tiny-cpu", "targetP95LatencyMs": None, "targetQPSPerReplica": 5}, "set it too"),
+                     ({"capacityProfile": "../../etc/passwd"}, "not a bundled profile")]:
+        raw = {"enabled": True, "maxReplicas": 3, "targetP95LatencyMs": 1000, **bad}
+        raw = {k: v for k, v in raw.items() if v is not None}
+        with pytest.raises(InvalidSpec, match=why):
+            parse_spec({"autoscaling": raw})
