@@ -38,12 +38,20 @@ def _acf(x: Sequence[float], lag: int) -> float:
     return sum((p - ma) * (q - mb) for p, q in zip(a, b)) / math.sqrt(va * vb)
 
 
-def detect_period(series: Sequence[float], step_s: float, min_period_s: float,
-                  min_correlation: float) -> Season | None:
-    """The recurring period of ``series`` (None: none strong enough, or too little history)."""
+def detect_period(series: Sequence[float], step_s: float, min_period_s: float, min_correlation: float,
+                  noise_var: float = 0.0) -> Season | None:
+    """The recurring period of ``series`` (None: none strong enough, or too little history).
+
+    ``noise_var`` is the variance counting noise alone gives the series (a Poisson rate measured over a
+    window): a series that varies less than four times that (a swing under twice the noise) has no
+    pattern to find, however its noise happens to correlate over a few samples.
+    """
     lo = max(2, int(math.ceil(min_period_s / step_s)))
     hi = len(series) // 2
     if hi <= lo + 1:
+        return None
+    mean = sum(series) / len(series)
+    if sum((v - mean) ** 2 for v in series) / len(series) < 4 * noise_var:
         return None
     acf = [_acf(series, lag) for lag in range(lo - 1, hi + 2)]
     best: tuple[float, int] | None = None

@@ -243,7 +243,11 @@ def _season(now: float, m: Metrics, s: Settings, h: History) -> tuple[float | No
     series = m.season_series()
     if len(series) < 8:
         return None, h.season_checked
-    found = forecast.detect_period(series, m.history_step_s, s.horizon_s, s.season_min_correlation)
+    # counting noise of a rate over RATE_WINDOW_S: λ/T for requests; for audio seconds each request adds its
+    # length, so about λ·L²/T = mean · L / T
+    unit = (m.audio_s or 1.0) if series is m.work_history else 1.0
+    noise = (sum(series) / len(series)) * unit / RATE_WINDOW_S
+    found = forecast.detect_period(series, m.history_step_s, s.horizon_s, s.season_min_correlation, noise)
     return (found.period_s if found else None), now
 
 
