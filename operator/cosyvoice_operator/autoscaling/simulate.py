@@ -208,7 +208,7 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
         if lookback > 0:
             # the 1-minute rates, one sample a minute (coarser for long lookbacks), as a range query returns them
             step = max(60.0, math.ceil(lookback / 240 / 60) * 60)
-            ends = np.arange(last, max(window, last - lookback) - 1, -int(step))[::-1]
+            ends = np.arange(last, max(window, last - int(lookback)) - 1, -int(step))[::-1]
             cum = np.concatenate([[0.0], np.cumsum(done[:last + 1])])
             history = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
             cum = np.concatenate([[0.0], np.cumsum(audio_done[:last + 1])])
