@@ -195,3 +195,16 @@ def test_project_policy_uses_the_pure_decision_function() -> None:
     assert p.evaluate(0.0, Observation(4, 4, Metrics(qps=10 * cap, audio_s=CFG.audio_s))) == 10
     assert p.decisions[-1][1].reason == "ScaleUp"
     assert needed_replicas(np.array([cap]), np.array([CFG.audio_s]), CFG, PROFILE)[0] < 1.0
+
+
+def test_a_run_longer_than_the_forecast_lookback_sees_only_the_lookback() -> None:
+    settings = replace(make_scaler("policy", CFG, flat(1.0, 60), PROFILE).settings, season_lookback_s=600.0)
+    seen: list[tuple[float, ...]] = []
+
+    class Spy(ProjectPolicy):
+        def evaluate(self, now: float, obs: Observation) -> int:
+            seen.append(obs.metrics.rate_history)
+            return super().evaluate(now, obs)
+
+    simulate(flat(10.0, 1200), Spy(settings), CFG, 0, PROFILE)
+    assert len(seen[-1]) == 11 and 8 < np.mean(seen[-1]) < 12  # one sample a minute over 600 s, ~10 req/s
