@@ -16,11 +16,14 @@ How a decision is made (``decide``):
    it exceeds the long one by more than the tolerance and three standard deviations of Poisson noise
    (Knative's panic window: a step is acted on one scrape after it starts; it bypasses the scale-up
    window); on a rising trend (a rise over the trend window beyond the tolerance, no burst within it)
-   the rate at the horizon; with a recurring pattern in the service's own history (``forecast.py``)
-   the highest rate it predicts within the horizon. The horizon is ``coldStartSeconds`` plus the rate
+   the rate at the horizon; with a recurring pattern in the service's own history (``forecast.py``:
+   rate and request length, so a recurring shift to long requests counts too) the most replicas it
+   needs within the horizon plus a rate window. The horizon is ``coldStartSeconds`` plus the rate
    window plus one evaluation: what is created now serves then. A forecast only adds: it pre-warms
-   for a recurring peak and keeps a scale-down from removing replicas that peak will need, so no
-   scale-down window can fall into step with periodic load.
+   for a recurring peak and keeps a scale-down from removing replicas that peak will need; with a
+   pattern the scale-down window shrinks to one rate window, so no fixed window can fall into step
+   with periodic load. Saturated replicas (all ready, batches full, a queue growing) count as what
+   they serve: the count is scaled by offered over served.
 3. **Sizing**: replicas = demand / the rate one replica takes within the objective. With a
    ``capacityProfile`` that rate comes from the measured replica (``profile.py``: the Poisson rate at
    which the p95 of response time is ``sizingLatencyRatio × targetP95LatencyMs``, for the mean request
