@@ -147,14 +147,14 @@ async def test_a_restarted_operator_keeps_the_scale_down_window_it_had(
                 "intervalSeconds": 1, "forecast": {"lookbackSeconds": 0},
                 "scaleDown": {"stabilizationWindowSeconds": window,
                               "policies": [{"type": "Pods", "value": 10, "periodSeconds": 1}]},
-                "queries": {"qps": "max(test_demand_qps{$selector})"},
-                "prometheus": {"url": prom.url}}}}
+                "queries": {"qps": "max(test_demand_qps{$selector})"}, "metricsSource": "local"}}}
+    sources = AdminPolicy.model_validate({"metricsSources": {"local": {"url": prom.url}}})
 
     def high_times() -> list[float]:
         recs = (auto_status(cluster).get("history") or {}).get("recommendations") or []
         return [r["time"] for r in recs if r["replicas"] == 4]
 
-    async with run_operator():
+    async with run_operator(policy=sources):
         async with cluster.post(CVS_PATH.format(ns=NS), json=body) as resp:
             assert resp.status in (200, 201), await resp.text()
         await eventually(lambda: len(high_times()) >= 3, timeout=30, interval=0.2)
@@ -165,7 +165,7 @@ async def test_a_restarted_operator_keeps_the_scale_down_window_it_had(
     last_high = max(high_times())
     await asyncio.sleep(10)  # no operator: a leader change takes a while
     restarted = time.time()
-    async with run_operator():
+    async with run_operator(policy=sources):
         await eventually(lambda: cr_of(cluster)["spec"]["replicas"] == 1, timeout=window + 20, interval=0.2)
         dropped = time.time()
     # without the persisted history the new operator would wait a whole window from its start

@@ -108,7 +108,7 @@ def test_disabled_or_gone_services_are_left_alone() -> None:
     assert api.patches == [] and api.created == []
 
 
-def test_the_decision_history_goes_to_the_status_and_is_resumed_from_it() -> None:
+def test_the_decision_history_goes_to_the_status_and_is_resumed_from_it(tmp_path: Path) -> None:
     """A new Autoscaler (a restarted operator, another leader) decides from status.autoscaling.history:
     a peak recommended 100 s ago holds the 300 s scale-down window; the same service without it holds too
     (a window not yet observed), but the resumed one scales down once the original window ends."""
@@ -121,12 +121,13 @@ def test_the_decision_history_goes_to_the_status_and_is_resumed_from_it() -> Non
         return lambda q: vec(10.0) if q == queries["qps"] else vec(1.0) if q == queries["targets_up"] else []
 
     def evaluate(now: float, history: History | None) -> Any:
-        cr = service(prometheus={"url": "http://prom:9090"})
+        cr = service()
         cr["spec"]["replicas"] = 6
         if history is not None:
             cr["status"] = {"autoscaling": {"history": state.dump(history)}}
         api = FakeKube({("cosyvoiceservices", "tts"): cr, ("deployments", "tts"): {"status": {"readyReplicas": 6}}})
-        return api, Autoscaler(api, connect=connect, clock=lambda: now).evaluate("speech", "tts")  # type: ignore[arg-type]
+        scaler = Autoscaler(api, connect=connect, clock=lambda: now, policy=policy(tmp_path))  # type: ignore[arg-type]
+        return api, scaler.evaluate("speech", "tts")
 
     t0 = 1_800_000_000.0
     peak = History(recommendations=tuple((t0 - 400 + 15 * k, 6) for k in range(21)))  # 6 until t0 - 100
