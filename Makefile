@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+STORAGE_LIBS := $(VENV)/storage-libs
+STORAGE_STAMP := $(VENV)/.installed-storage
 DEMO_OUT ?= demo-output
 PYTEST_ARGS ?=
 REGISTRY ?= ghcr.io/cosyvoice-k8s
@@ -42,7 +44,13 @@ system-deps:
 		else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; fi; \
 	fi
 
-install-test: $(TEST_STAMP) system-deps
+# S3/GCS clients and emulators for the fetch tests, outside the venv's site-packages (see the file).
+$(STORAGE_STAMP): $(VENV)/bin/python requirements-storage-test.txt
+	rm -rf $(STORAGE_LIBS)
+	$(PIP) install -q --no-warn-conflicts --target $(STORAGE_LIBS) -r requirements-storage-test.txt
+	touch $@
+
+install-test: $(TEST_STAMP) $(STORAGE_STAMP) system-deps
 
 # The converter's dependencies (torch, upstream CosyVoice2's model code) for `convert` and the parity suite.
 $(CONVERT_STAMP): $(STAMP)

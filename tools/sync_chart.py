@@ -108,6 +108,8 @@ def replace_block(text: str, name: str, content: str) -> str:
 
 
 def _code(value: object) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"  # as the flag and the variable take it
     return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
 
 

@@ -6,17 +6,20 @@ import asyncio
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__
 from .api import errors
+from .api.auth import require_api_key
 from .api.openai import router
 from .config import Settings
 from .gpu import NVMLCollector
 from .metrics import Metrics
 from .state import ServerState
+from .timeouts import BodyTimeoutMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +50,17 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         if state.scheduler:
             await asyncio.to_thread(state.scheduler.stop)
 
-    app = FastAPI(title="CosyVoice server", version=__version__, lifespan=lifespan,
+    # No trailing-slash redirects: Starlette builds their Location from the client's Host header.
+    # The documents are added below, behind the API key.
+    app = FastAPI(title="CosyVoice server", version=__version__, lifespan=lifespan, redirect_slashes=False,
+                  docs_url=None, redoc_url=None, openapi_url=None,
                   description="OpenAI-compatible text-to-speech for CosyVoice2-style models on ONNX Runtime.")
     app.state.server = state
     errors.install(app)
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.include_router(router)
+    if settings.docs:
+        _add_documents(app)
 
     @app.get("/healthz", tags=["probes"])
     async def healthz() -> JSONResponse:
@@ -76,3 +85,21 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _add_documents(app: FastAPI) -> None:
+    """/openapi.json, /docs and /redoc, guarded like /v1/* (a browser needs the key in a header, so
+    with a key set these serve tools such as curl or an API client; `--docs false` turns them off)."""
+    guard = [Depends(require_api_key)]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guard)
+    async def openapi_document() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=guard)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guard)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")

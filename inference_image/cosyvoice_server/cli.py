@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import Settings, env_name, flag_name, from_env_and_args
+from .config import ConfigError, Settings, env_name, flag_name, from_env_and_args
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         validate_model_dir(settings.model_dir, extra_aliases=settings.voice_alias_table())
         Runtime(settings.device, RuntimeOptions(device_id=settings.device_id))
         settings.resolved_api_key()
-    except (ModelLoadError, DeviceError, OSError) as exc:
+    except (ModelLoadError, DeviceError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from .server import run
@@ -90,13 +90,28 @@ def _doctor(_: argparse.Namespace) -> int:
     return 0
 
 
+def _size(text: str) -> int:
+    """Bytes, with an optional Kubernetes-style suffix (Ki, Mi, Gi, Ti, K, M, G, T)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    for suffix, factor in units.items():
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * factor
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 20Gi)")
+
+
 def _fetch(args: argparse.Namespace) -> int:
-    from .fetch import FetchError, fetch
+    from .fetch import FetchError, Limits, fetch, shown, sigterm_raises
 
     try:
-        root = fetch(args.uri, Path(args.dest), args.sha256)
+        with sigterm_raises():
+            root = fetch(args.uri, Path(args.dest), args.sha256, Limits(args.max_bytes, args.max_files, args.timeout_s))
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # one line for the pod's termination message, never a traceback
+        print(f"error: {shown(args.uri)}: {exc.__class__.__name__}: {exc}".splitlines()[0], file=sys.stderr)
         return 1
     print(root)
     return 0
@@ -125,6 +140,8 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .fetch import Limits
+
     parser = argparse.ArgumentParser(prog="cosyvoice-server", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -134,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--uri", required=True, help="path, file://, http(s)://, s3:// or gs:// of a directory or archive")
     f.add_argument("--dest", required=True, help="directory to fill")
     f.add_argument("--sha256", help="expected SHA-256 of the archive")
+    defaults = Limits()
+    f.add_argument("--max-bytes", type=_size, default=defaults.max_bytes,
+                   help="largest download, and largest unpacked size (default 20Gi)")
+    f.add_argument("--max-files", type=int, default=defaults.max_files, help="most files in the model (default %(default)s)")
+    f.add_argument("--timeout-s", type=float, default=defaults.timeout_s,
+                   help="deadline for the whole fetch in seconds (default %(default)s)")
     g = sub.add_parser("generate-model", help="build a random-weight model with CosyVoice2's structure")
     g.add_argument("--preset", default="tiny", help="size preset (tiny)")
     g.add_argument("--seed", type=int, default=0)

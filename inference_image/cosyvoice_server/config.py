@@ -27,13 +27,17 @@ class Settings(BaseModel):
     max_queue_delay_ms: float = Field(5.0, ge=0, le=10_000, description="longest a partial flow/vocoder batch waits while other requests are still upstream")
     max_queue_size: int = Field(64, ge=0, le=100_000, description="requests that may wait for an LLM slot; beyond it new requests get 429")
     request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline per request (504 when exceeded)")
+    max_audio_seconds: float = Field(600.0, gt=0, le=86_400, description="longest audio one request may produce; longer input gets 400 and generation stops there")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a connection that has not sent complete request headers within this is closed")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="a request body not received completely within this gets 408")
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="after SIGTERM, how long accepted requests may take to finish")
     max_body_bytes: int = Field(65536, ge=1024, description="largest accepted request body (413 beyond)")
     served_model_name: str | None = Field(None, description="model id in the API (default: the manifest's name)")
     voice_aliases: str | None = Field(None, description="alias=voice pairs, comma-separated (e.g. alloy=default,nova=bright), "
                                       "added over the model.yaml voices.aliases table")
     api_key: str | None = Field(None, description="if set, /v1/* requires 'Authorization: Bearer <key>'", repr=False)
-    api_key_file: Path | None = Field(None, description="file holding the API key (a mounted Secret); read at start-up")
+    api_key_file: Path | None = Field(None, description="file holding the API key (a mounted Secret); read at start-up; empty or unreadable stops the server")
+    docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")
     device_id: int = Field(0, ge=0, description="CUDA device ordinal (a MIG slice is always 0 inside its container)")
     gpu_mem_limit_bytes: int | None = Field(None, ge=0, description="ONNX Runtime CUDA arena limit")
     intra_op_threads: int = Field(1, ge=0, description="CPU threads per ONNX Runtime session (0 = all cores; the three stages already run in parallel)")
@@ -49,11 +53,33 @@ class Settings(BaseModel):
         return parse_voice_aliases(self.voice_aliases)
 
     def resolved_api_key(self) -> str | None:
-        if self.api_key:
-            return self.api_key
-        if self.api_key_file:
-            return self.api_key_file.read_text().strip() or None
-        return None
+        """The key /v1/* requires, or None when none is configured. A key that was asked for but is blank
+        or unreadable raises ConfigError: authentication fails closed, never silently off."""
+        if self.api_key is not None:
+            if not self.api_key.strip():
+                raise ConfigError(f"{env_name('api_key')} is set but blank; refusing to start with authentication off")
+            return self.api_key.strip()
+        if self.api_key_file is None:
+            return None
+        path = self.api_key_file
+        if path == Path("."):
+            raise ConfigError(f"{env_name('api_key_file')} is set but blank; refusing to start with authentication off")
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"API key file {path}: cannot read it ({exc.strerror or exc}); "
+                              "refusing to start without the authentication it asks for") from None
+        try:
+            key = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ConfigError(f"API key file {path}: not UTF-8 text; refusing to start") from None
+        if not key:
+            raise ConfigError(f"API key file {path} is empty; refusing to start with authentication off")
+        return key
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be honoured; the message is one line for the operator's logs."""
 
 
 def parse_voice_aliases(spec: str | None) -> dict[str, str]:
@@ -69,12 +95,17 @@ def env_name(field: str) -> str:
     return "COSYVOICE_" + field.upper()
 
 
+# An empty variable normally means "unset"; for these it means a Secret resolved to nothing, which
+# must stop the server rather than turn authentication off.
+_FAIL_CLOSED = ("api_key", "api_key_file")
+
+
 def from_env_and_args(args: dict[str, object]) -> Settings:
     """Flags given on the command line (non-None) override COSYVOICE_* variables, which override defaults."""
     values: dict[str, object] = {}
     for name in Settings.model_fields:
         env = os.environ.get(env_name(name))
-        if env not in (None, ""):
+        if env is not None and (env != "" or name in _FAIL_CLOSED):
             values[name] = env
         if args.get(name) is not None:
             values[name] = args[name]
@@ -89,6 +120,8 @@ def _json_type(annotation: Any) -> str:
     if get_origin(annotation) is Literal:
         return "string"
     kinds = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
+    if kinds == {bool}:
+        return "boolean"
     if kinds == {int}:
         return "integer"
     if kinds == {float}:

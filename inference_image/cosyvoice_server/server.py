@@ -1,8 +1,8 @@
 """Runs the app under uvicorn with a draining shutdown.
 
 On SIGTERM (what Kubernetes sends after preStop) the server keeps listening but turns /readyz and
-new speech requests to 503, lets every accepted request finish within `drain_timeout_s`, then
-exits 0. A second signal exits at once.
+new speech requests to 503, lets every accepted request finish within `drain_timeout_s`, answers
+the ones still running then with a 503, and exits 0. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import uvicorn
 
 from .app import create_app
 from .config import Settings
+from .scheduling.request import Outcome
+from .timeouts import header_timeout_protocol
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,12 @@ class DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while not app_state.scheduler.idle() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = app_state.scheduler.inflight
+        left = app_state.scheduler.abort_all(Outcome.SHUTDOWN, "the drain timeout passed")
         if left:
-            log.warning("drain timeout: %d request(s) still in flight are cut off", left)
+            # Their handlers now answer 503 in OpenAI's shape (or end their streams with an error
+            # event); give them a moment to write it before uvicorn closes the connections.
+            log.warning("drain timeout: %d request(s) still in flight get 503", left)
+            await asyncio.sleep(0.5)
         else:
             log.info("drained; exiting")
         self.should_exit = True
@@ -67,7 +72,8 @@ def run(settings: Settings) -> int:
     holder: dict[str, DrainingServer] = {}
     app = create_app(settings, on_fatal=lambda msg: holder["server"].fatal(msg))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=5, access_log=False)
+                            timeout_graceful_shutdown=5, access_log=False,
+                            http=header_timeout_protocol(settings.header_timeout_s))
     server = DrainingServer(config, settings)
     holder["server"] = server
     server.run()

@@ -78,8 +78,9 @@ class ServerState:
         voice = p.voices[self.voice(body.voice_id)]
         # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.
         chunked = body.stream and body.speed == 1.0
+        segments = p.frontend.segments(body.input)
         return SynthesisRequest(
-            segments=p.frontend.segments(body.input),
+            segments=segments,
             voice=voice,
             speed=body.speed,
             seed=body.seed,
@@ -87,7 +88,18 @@ class ServerState:
             loop=asyncio.get_running_loop(),
             planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
                                  len(voice.prompt_speech_tokens), chunked),
+            max_tokens=self.token_bounds(segments, body.speed)[1],
         )
+
+    def token_bounds(self, segments: list, speed: float) -> tuple[int, int]:
+        """(fewest, most) speech tokens a request may produce: the model's token/text ratios per
+        segment (as upstream bounds its decode), the most also capped by `max_audio_seconds` of audio
+        at the requested speed."""
+        llm = self.pipeline.manifest.llm
+        fewest = sum(int(len(x) * llm.min_token_text_ratio) for x in segments)
+        most = sum(max(1, int(len(x) * llm.max_token_text_ratio)) for x in segments)
+        audio_cap = int(self.settings.max_audio_seconds * self.pipeline.manifest.token_rate * speed)
+        return fewest, max(1, min(most, audio_cap))
 
     def record(self, code: int, started: float) -> None:
         self.metrics.requests.labels(str(code)).inc()

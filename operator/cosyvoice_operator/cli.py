@@ -3,7 +3,8 @@
     cosyvoice-operator run --all-namespaces --liveness http://0.0.0.0:8080/healthz
     cosyvoice-operator run -n speech -n speech-canary
     cosyvoice-operator render -f examples/minimal.yaml | kubectl apply --dry-run=server -f -
-    cosyvoice-operator simulate --seeds 10 --jobs 2 --out docs/autoscaling   # autoscaling policy vs HPA/KEDA
+    cosyvoice-operator simulate --set heldout --jobs 2 --out docs/autoscaling   # autoscaling policy vs HPA/KEDA
+    cosyvoice-operator simulate --trace-file load.csv --outage 600:900 --json   # replay your own traffic
 """
 from __future__ import annotations
 

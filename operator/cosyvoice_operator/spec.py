@@ -160,6 +160,11 @@ REPLICAS_ABOVE_MAX = ("spec.replicas must not exceed autoscaling.maxReplicas whi
                       "or lower it with `kubectl scale` before lowering maxReplicas)")
 
 
+class Forecast(_Model):
+    lookback_seconds: int = Field(default=10800, ge=0, le=1_209_600)
+    min_correlation: float = Field(default=0.6, ge=0, le=1)
+
+
 class Autoscaling(_Model):
     enabled: bool = False
     min_replicas: int = Field(default=1, ge=0, le=1000)
@@ -177,6 +182,12 @@ class Autoscaling(_Model):
     prometheus: PrometheusSource | None = None
     queries: QueryOverrides | None = None
     fallback: Fallback | None = None
+    capacity_profile: str | None = Field(default=None, min_length=1, max_length=253)
+    sizing_latency_ratio: float = Field(default=0.8, gt=0, le=1)
+    cold_start_seconds: int = Field(default=120, ge=0, le=3600)
+    forecast: Forecast = Field(default_factory=Forecast)
+    outage_forecast_seconds: int = Field(default=600, ge=0, le=86400)
+    latency_guard_step_percent: int = Field(default=25, ge=1, le=1000)
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
@@ -193,6 +204,14 @@ class Autoscaling(_Model):
                                  "targetInflightPerReplica, targetP95LatencyMs or targetTimeToFirstAudioMs)")
         if self.fallback and self.max_replicas is not None and self.fallback.replicas > self.max_replicas:
             raise ValueError("autoscaling.fallback.replicas must not exceed autoscaling.maxReplicas")
+        if self.capacity_profile is not None:
+            from .autoscaling.profile import names  # the bundled profiles: a name, never a path a CR could pick
+
+            if self.capacity_profile not in names():
+                raise ValueError(f"autoscaling.capacityProfile {self.capacity_profile!r} is not a bundled profile "
+                                 f"({', '.join(names())})")
+            if self.target_p95_latency_ms is None:
+                raise ValueError("autoscaling.capacityProfile sizes replicas for targetP95LatencyMs: set it too")
         return self
 
 

@@ -89,3 +89,29 @@ def start_prometheus(tmp_path: Path) -> Iterator[object]:
     yield start
     for p in started:
         p.stop()
+
+
+class Exporter:
+    """A /metrics endpoint with gauges the test sets (prometheus-client on 127.0.0.1): a load the test
+    controls exactly, scraped by the real Prometheus."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.demand = Gauge("test_demand_qps", "requests/s the test pretends to receive", registry=self.registry)
+        self.requests = Counter("test_requests", "requests the test pretends were served", registry=self.registry)
+        self.port = _free_port()
+        self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self.target = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def exporter() -> Iterator[Exporter]:
+    e = Exporter()
+    yield e
+    e.stop()

@@ -126,3 +126,75 @@ async def test_scales_up_on_real_metrics_then_holds_when_prometheus_stops(
         # Everything written is declared by the CRD (a real API server would prune anything else).
         schema = openapi_schema(crd)["properties"]["status"]["properties"]["autoscaling"]
         jsonschema.validate(auto_status(cluster), to_jsonschema(schema))
+
+
+# Real processes and timing on a shared 2-core machine: one retry before calling it a failure.
+@pytest.mark.flaky(reruns=1)
+async def test_a_restarted_operator_keeps_the_scale_down_window_it_had(
+        cluster: Any, crd: Obj, exporter: Any, start_prometheus: Any) -> None:
+    """Mid scale-down, the operator stops (a restart, a leader change) and a new one starts 10 s later:
+    replicas go down when the window that began before the restart ends, not a whole window after it,
+    and not at once. The history it resumes from is in status.autoscaling.history."""
+    import time
+
+    window = 24
+    prom = start_prometheus([exporter.target], {"namespace": NS, "cosyvoice_service": NAME})
+    exporter.demand.set(4.0)
+    body = {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
+            "metadata": {"name": NAME, "namespace": NS},
+            "spec": {"replicas": 4, "autoscaling": {
+                "enabled": True, "minReplicas": 1, "maxReplicas": 6, "targetQPSPerReplica": 1,
+                "intervalSeconds": 1, "forecast": {"lookbackSeconds": 0},
+                "scaleDown": {"stabilizationWindowSeconds": window,
+                              "policies": [{"type": "Pods", "value": 10, "periodSeconds": 1}]},
+                "queries": {"qps": "max(test_demand_qps{$selector})"}, "metricsSource": "local"}}}
+    sources = AdminPolicy.model_validate({"metricsSources": {"local": {"url": prom.url}}})
+
+    def high_times() -> list[float]:
+        recs = (auto_status(cluster).get("history") or {}).get("recommendations") or []
+        return [r["time"] for r in recs if r["replicas"] == 4]
+
+    async with run_operator(policy=sources):
+        async with cluster.post(CVS_PATH.format(ns=NS), json=body) as resp:
+            assert resp.status in (200, 201), await resp.text()
+        await eventually(lambda: len(high_times()) >= 3, timeout=30, interval=0.2)
+        exporter.demand.set(1.0)  # the load falls: 1 replica is enough, the window holds 4
+        await eventually(lambda: auto_condition(cluster, "AbleToScale")["reason"] == "ScaleDownStabilized",
+                         timeout=20, interval=0.2)
+        assert cr_of(cluster)["spec"]["replicas"] == 4
+    last_high = max(high_times())
+    await asyncio.sleep(10)  # no operator: a leader change takes a while
+    restarted = time.time()
+    async with run_operator(policy=sources):
+        await eventually(lambda: cr_of(cluster)["spec"]["replicas"] == 1, timeout=window + 20, interval=0.2)
+        dropped = time.time()
+    # without the persisted history the new operator would wait a whole window from its start
+    assert last_high + window - 1 <= dropped < restarted + window - 5, (last_high, restarted, dropped)
+    schema = openapi_schema(crd)["properties"]["status"]["properties"]["autoscaling"]
+    jsonschema.validate(auto_status(cluster), to_jsonschema(schema))
+
+
+async def test_a_trace_exported_from_prometheus_replays_in_the_simulator(
+        tmp_path: Any, exporter: Any, start_prometheus: Any) -> None:
+    """`simulate --from-prometheus URL --query ... --range` against the real Prometheus: the CSV holds the
+    rate the exporter produced, and the simulator replays it."""
+    import csv
+    import time
+
+    from cosyvoice_operator.cli import main
+
+    prom = start_prometheus([exporter.target], {"namespace": NS, "cosyvoice_service": NAME})
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:  # 20 requests/s for 12 s
+        exporter.requests.inc(2)
+        await asyncio.sleep(0.1)
+    out = tmp_path / "trace.csv"
+    assert main(["simulate", "--from-prometheus", prom.url, "--query", "sum(rate(test_requests_total[5s]))",
+                 "--range", "20s", "--step", "1s", "--save-trace", str(out), "--seeds", "1",
+                 "--policies", "policy,static", "--json"]) == 0
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["t_seconds", "rate_rps"] and len(rows) > 5
+    rates = [float(r[1]) for r in rows[1:]]
+    assert 12 <= max(rates) <= 28  # what the exporter produced, within scrape jitter
+    assert main(["simulate", "--from-prometheus", prom.url, "--query", "sum(rate(nothing_total[1m]))",
+                 "--range", "20s", "--save-trace", str(tmp_path / "none.csv")]) == 2

@@ -106,3 +106,38 @@ def test_disabled_or_gone_services_are_left_alone() -> None:
     assert Autoscaler(api).evaluate("speech", "tts") is None  # type: ignore[arg-type]
     assert Autoscaler(FakeKube({})).evaluate("speech", "tts") is None  # type: ignore[arg-type]
     assert api.patches == [] and api.created == []
+
+
+def test_the_decision_history_goes_to_the_status_and_is_resumed_from_it(tmp_path: Path) -> None:
+    """A new Autoscaler (a restarted operator, another leader) decides from status.autoscaling.history:
+    a peak recommended 100 s ago holds the 300 s scale-down window; the same service without it holds too
+    (a window not yet observed), but the resumed one scales down once the original window ends."""
+    from cosyvoice_operator.autoscaling import state
+    from cosyvoice_operator.autoscaling.policy import History
+
+    queries = build_queries("speech", "tts")
+
+    def connect(url: str, **kw: Any) -> Any:
+        return lambda q: vec(10.0) if q == queries["qps"] else vec(1.0) if q == queries["targets_up"] else []
+
+    def evaluate(now: float, history: History | None) -> Any:
+        cr = service()
+        cr["spec"]["replicas"] = 6
+        if history is not None:
+            cr["status"] = {"autoscaling": {"history": state.dump(history)}}
+        api = FakeKube({("cosyvoiceservices", "tts"): cr, ("deployments", "tts"): {"status": {"readyReplicas": 6}}})
+        scaler = Autoscaler(api, connect=connect, clock=lambda: now, policy=policy(tmp_path))  # type: ignore[arg-type]
+        return api, scaler.evaluate("speech", "tts")
+
+    t0 = 1_800_000_000.0
+    peak = History(recommendations=tuple((t0 - 400 + 15 * k, 6) for k in range(21)))  # 6 until t0 - 100
+    api, held = evaluate(t0, peak)
+    assert held.desired == 6 and held.able_reason == "ScaleDownStabilized"  # 10 req/s needs 2
+    (status,) = [p for r, sub, p in api.patches if sub == "status"]
+    saved = state.load(status["status"]["autoscaling"]["history"])
+    assert saved is not None and saved.recommendations[-1] == (t0, 2) and saved.last_demand == 10.0
+    _, resumed = evaluate(t0 + 201, saved)  # 300 s after the last 6: the window has passed
+    assert resumed.desired == 3  # 50 % per 60 s from 6
+    _, fresh = evaluate(t0 + 201, None)  # the same moment with no history: a whole window to observe first
+    assert fresh.desired == 6
+    assert state.load({"recommendations": [{"time": "x"}]}) is None  # an unreadable history is ignored

@@ -35,7 +35,8 @@ CASES = [
     # a step saturating the replicas: the served short rate is capped, the queue filling up is the rest
     ("burst-short-window-queue-filling", NO_LIMITS,
      m(8.0, qps_short=10.0, inflight_growth_short=26.0, p95_ms=500), 2, 2, 9, "ScaleUp"),
-    ("trend-forecast", NO_LIMITS, m(36.0, qps_slope=0.05, p95_ms=500), 8, 8, 10, "ScaleUp"),  # 36 → 39.6
+    # a rising trend is sized for the rate a cold start (120 s) + rate window (60 s) + interval (15 s) ahead
+    ("trend-forecast", NO_LIMITS, m(36.0, qps_slope=0.05, p95_ms=500), 8, 8, 12, "ScaleUp"),  # 36 → 45.75
     ("flat-noisy-slope-no-forecast", NO_LIMITS, m(36.0, qps_slope=0.01, p95_ms=500), 8, 8, 9, "ScaleUp"),
     ("inflight-target-wins", replace(NO_LIMITS, target_inflight_per_replica=2.0), m(8.0, inflight=20.0, p95_ms=500),
      2, 2, 10, "ScaleUp"),
@@ -112,9 +113,9 @@ def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:
     # nor is that slope followed if the metrics vanish now
     assert decide(120.0, Metrics(), current=10, ready=10, policy=NO_LIMITS, history=d.history).desired == 10
     d = decide(TREND_WINDOW_S + 1, after, current=10, ready=10, policy=NO_LIMITS, history=burst.history)
-    assert d.desired == 11 and "rising" in d.message  # 40 + 10 % cap = 44 → 11
-    assert decide(TREND_WINDOW_S + 121, Metrics(), current=11, ready=11, policy=NO_LIMITS,
-                  history=d.history).desired > 11  # a trend again, followed
+    assert d.desired == 20 and "rising" in d.message  # 40 + 0.2 × 195 s = 79 → 20
+    assert decide(TREND_WINDOW_S + 121, Metrics(), current=10, ready=10, policy=NO_LIMITS,
+                  history=d.history).desired == 16  # a trend again, followed: 40 + 0.2 × 120 s = 64 → 16
 
 
 def test_limits_set_conditions() -> None:
@@ -184,12 +185,10 @@ def test_no_data_never_scales_down_and_fallback_only_raises() -> None:
 
 def test_no_data_during_a_ramp_follows_the_last_trend_up_only_and_bounded() -> None:
     """Metrics vanish while the rate climbs: the count follows the last known slope (raise only), for at
-    most TREND_FALLBACK_S and up to (1 + TREND_FALLBACK_MAX_RISE) × the last demand; then it holds."""
-    from cosyvoice_operator.autoscaling.policy import TREND_FALLBACK_S
-
+    most outageForecastSeconds; then it holds."""
     s = replace(NO_LIMITS, scale_down=Rules(300.0, ()))
     ramp = m(40.0, qps_slope=0.02, p95_ms=500)  # 40 req/s, +0.02 req/s per s: +1.2 req/s a minute
-    d = decide(0.0, ramp, current=10, ready=10, policy=s, history=History())
+    d = decide(0.0, ramp, current=12, ready=12, policy=s, history=History())
     history, current, counts = d.history, d.desired, []
     outage = Metrics()  # an empty result: the series vanished
     for now in range(15, 3000, 15):
@@ -197,29 +196,51 @@ def test_no_data_during_a_ramp_follows_the_last_trend_up_only_and_bounded() -> N
         assert d.desired >= current and not d.metrics_ok and d.reason == "MetricsUnavailable"
         history, current = d.history, d.desired
         counts.append(current)
-    # the projection stops TREND_FALLBACK_S after the last reading: (40 + 0.02 × 900) / 4 = 14.5 → 15
-    assert max(counts) == counts[-1] == math.ceil((40 + 0.02 * TREND_FALLBACK_S) / 4) == 15
-    assert counts[:3] == [10, 10, 10]  # the projection has to leave the tolerance band first (+4 req/s: 200 s)
-    assert counts.index(15) * 15 + 15 <= TREND_FALLBACK_S
-    assert counts[-1] < 20  # nowhere near the 2× cap
+    # the projection stops follow_trend_s after the last reading: (40 + 0.02 × 600) / 4 = 13
+    assert max(counts) == counts[-1] == math.ceil((40 + 0.02 * s.follow_trend_s) / 4) == 13
+    assert counts[:3] == [12, 12, 12]  # the projection has to leave the tolerance band first
+    assert counts.index(13) * 15 + 15 <= s.follow_trend_s
     # A flat or falling trend, or no reading yet, holds exactly.
     for slope in (0.0, -0.05):
         h = decide(0.0, m(40.0, qps_slope=slope), current=10, ready=10, policy=s, history=History()).history
         assert decide(600.0, outage, current=10, ready=10, policy=s, history=h).desired == 10
     assert decide(600.0, outage, current=10, ready=10, policy=s, history=History()).desired == 10
-    # The rise is capped at 2× the last demand, and by maxReplicas.
     steep = decide(0.0, m(40.0, qps_slope=1.0), current=10, ready=10, policy=s, history=History()).history
-    assert decide(600.0, outage, current=10, ready=10, policy=s, history=steep).desired == 20
     assert decide(600.0, outage, current=10, ready=10, policy=replace(s, max_replicas=12), history=steep).desired == 12
     # Within the scale-up policies: the default allows +4 pods or +200 % per 15 s.
-    assert decide(600.0, outage, current=10, ready=10, policy=replace(s, scale_up=BASE.scale_up),
-                  history=steep).desired == 20
     assert decide(600.0, outage, current=3, ready=3, policy=replace(s, scale_up=BASE.scale_up),
                   history=steep).desired == 9
     # A fixed fallback above the trend still wins, and the trend never lowers a higher count.
     assert decide(600.0, outage, current=10, ready=10, policy=replace(s, fallback_replicas=18, failure_threshold=1),
                   history=replace(steep, last_slope=0.02)).desired == 18
-    assert decide(600.0, outage, current=25, ready=25, policy=s, history=steep).desired == 25
+    assert decide(600.0, outage, current=200, ready=200, policy=replace(s, max_replicas=300),
+                  history=steep).desired == 200
+
+
+def test_a_recurring_peak_is_pre_warmed_and_outlives_a_metrics_outage() -> None:
+    """Three periods of a 20-minute square wave in the rate history: the count rises a horizon before
+    the next peak, while the current rate is still low; and the forecast keeps holding through an outage."""
+    period, step = 1200, 60.0
+    hist = tuple(40.0 if (t % period) < period / 2 else 8.0 for t in range(0, 3 * period, 60))
+    # now: 3 minutes before the next rise (the trough ends at 3600 s)
+    now_hist = hist[:-3]
+    d = decide(0.0, m(8.0, rate_history=now_hist, history_step_s=step), current=2, ready=2, policy=NO_LIMITS,
+               history=History())
+    assert d.desired == 10 and "recurring every 20 min" in d.message
+    far = hist[:-8]  # 8 minutes before: nothing to pre-warm yet
+    assert decide(0.0, m(8.0, rate_history=far, history_step_s=step), current=2, ready=2, policy=NO_LIMITS,
+                  history=History()).desired == 2
+    h = decide(0.0, m(8.0, rate_history=far, history_step_s=step), current=2, ready=2, policy=NO_LIMITS,
+               history=History()).history
+    out = decide(5 * 60.0, Metrics(), current=2, ready=2, policy=NO_LIMITS, history=h)
+    assert out.desired == 10 and not out.metrics_ok  # no data, but the peak is due: raised, never lowered
+
+
+def test_a_step_is_not_a_season() -> None:
+    from cosyvoice_operator.autoscaling import forecast
+
+    step = [10.0] * 60 + [50.0] * 120
+    assert forecast.detect_period(step, 60.0, 195.0, 0.6) is None
 
 
 def test_no_traffic_versus_no_data() -> None:
@@ -249,3 +270,26 @@ def test_settings_from_the_crd_example() -> None:
     defaults = Settings.from_spec(parse_spec({"autoscaling": {"enabled": True, "maxReplicas": 3,
                                                               "targetQPSPerReplica": 1}}).autoscaling)
     assert defaults.scale_down.stabilization_s == 300.0 and defaults.fallback_replicas is None
+
+
+def test_capacity_profile_sizes_for_the_objective_and_the_request_length() -> None:
+    from cosyvoice_operator.autoscaling import profile
+    from cosyvoice_operator.spec import InvalidSpec
+
+    auto = parse_spec({"autoscaling": {"enabled": True, "maxReplicas": 20, "targetP95LatencyMs": 1000,
+                                       "capacityProfile": "tiny-cpu", "coldStartSeconds": 60}}).autoscaling
+    s = Settings.from_spec(auto, profile.load(auto.capacity_profile))
+    assert (s.cold_start_s, s.horizon_s, s.sizing_latency_ratio, s.follow_trend_s) == (60.0, 135.0, 0.8, 600.0)
+    short, _ = s.per_replica_rate(4.0)
+    long_, _ = s.per_replica_rate(16.0)
+    assert short and long_ and short > 2 * long_  # long requests: fewer per replica within the objective
+    same_rate = m(40.0, p95_ms=300)
+    assert decide(0.0, replace(same_rate, audio_s=16.0), current=2, ready=2, policy=s, history=History()).desired > \
+        decide(0.0, replace(same_rate, audio_s=4.0), current=2, ready=2, policy=s, history=History()).desired
+    for bad, why in [({"capacityProfile": "a100"}, "not a bundled profile"),
+                     ({"capacityProfile": "tiny-cpu", "targetP95LatencyMs": None, "targetQPSPerReplica": 5}, "set it too"),
+                     ({"capacityProfile": "../../etc/passwd"}, "not a bundled profile")]:
+        raw = {"enabled": True, "maxReplicas": 3, "targetP95LatencyMs": 1000, **bad}
+        raw = {k: v for k, v in raw.items() if v is not None}
+        with pytest.raises(InvalidSpec, match=why):
+            parse_spec({"autoscaling": raw})

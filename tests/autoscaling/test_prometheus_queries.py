@@ -70,3 +70,27 @@ def test_label_values_are_escaped_as_promql_strings() -> None:
     """Backslashes first, then quotes: a value can never end the string early."""
     assert prometheus.selector("ns", 'a\\"b') == 'namespace="ns",cosyvoice_service="a\\\\\\"b"'
     assert prometheus.selector("n\\s", "tts") == 'namespace="n\\\\s",cosyvoice_service="tts"'
+
+
+def test_the_forecast_history_is_one_grid_for_rate_and_work_with_gaps_held() -> None:
+    queries = build_queries("ns", "tts")
+    query = fake({"qps": vec("4"), "inflight": vec("1"), "audio_s": vec("12")})
+    asked: list[tuple[str, float]] = []
+
+    def ranged(promql: str, start: Any, end: Any, step: float) -> dict[float, float]:
+        asked.append((promql, step))
+        t0 = start.timestamp()
+        if promql == queries["qps"]:
+            return {t0 + 60 * k: float(k) for k in range(10) if k != 4}  # one scrape gap
+        return {t0 + 60 * k: 12.0 * k for k in range(2, 10)}  # the work series starts later
+
+    query.range = ranged  # type: ignore[attr-defined]
+    m = read(query, queries, lookback_s=600, now=1_800_000_000.0).metrics
+    assert [q for q, _ in asked] == [queries["qps"], queries["audio_rate"]] and asked[0][1] == 60.0
+    assert m.rate_history == (0, 1, 2, 3, 3, 5, 6, 7, 8, 9) and m.history_step_s == 60.0
+    assert len(m.work_history) == len(m.rate_history) and m.work_history[:3] == (24.0, 24.0, 24.0)
+    assert m.audio_s == 12.0
+    # a week of history is fetched at a coarser step: at most 240 samples
+    asked.clear()
+    read(query, queries, lookback_s=7 * 86400, now=1_800_000_000.0)
+    assert asked[0][1] == 2520.0  # 7 days / 240, in whole minutes

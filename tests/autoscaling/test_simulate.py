@@ -1,5 +1,5 @@
-"""The simulator and its baselines on short traces (seconds of wall time): the behaviours the full
-report in docs/autoscaling.md rests on."""
+"""The simulator, its traces and its baselines on short traces (seconds of wall time): the behaviours the
+full report in docs/autoscaling.md rests on."""
 from __future__ import annotations
 
 import json
@@ -9,17 +9,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cosyvoice_operator.autoscaling import traces
 from cosyvoice_operator.autoscaling.baselines import HPA, KEDA, Observation, ProjectPolicy
 from cosyvoice_operator.autoscaling.policy import Metrics
-from cosyvoice_operator.autoscaling.simulate import (SimConfig, Trace, _poisson_arrivals, make_scaler, make_trace,
-                                                     simulate)
+from cosyvoice_operator.autoscaling.simulate import (SimConfig, Trace, generated, load_profile, make_scaler,
+                                                     needed_replicas, simulate)
 from cosyvoice_operator.cli import main
+from cosyvoice_operator.spec import Batching
 
-CFG = SimConfig()
+CFG = SimConfig(minutes=12)
+PROFILE = load_profile(CFG)
 
 
-def obs(current: int, ready: int, qps: float | None, error: str | None = None) -> Observation:
-    return Observation(current, ready, Metrics(qps=qps, error=error))
+def obs(current: int, ready: int, qps: float | None, error: str | None = None, growth: float = 0.0) -> Observation:
+    return Observation(current, ready, Metrics(qps=qps, error=error, inflight_growth=growth))
+
+
+def flat(rps: float, seconds: int, audio_s: float = CFG.audio_s) -> Trace:
+    return Trace("flat", np.full(seconds, rps), np.full(seconds, audio_s))
 
 
 # --- the baselines follow the documented HPA v2 / KEDA rules ---------------------------------------
@@ -34,15 +41,19 @@ def obs(current: int, ready: int, qps: float | None, error: str | None = None) -
     (5, 4, 9.0, 5),  # scale-up without missing pods (1.1 → 0.9 ... reverses to down): no change
 ])
 def test_hpa_replica_calculation(current: int, ready: int, qps: float, expected: int) -> None:
-    hpa = HPA(2.5, 1, 40)
-    assert hpa.recommendation(obs(current, ready, qps)) == expected
+    assert HPA(2.5, 1, 40).recommendation(obs(current, ready, qps)) == expected
+
+
+def test_hpa_fed_the_arrival_rate_sees_the_queue_the_served_rate_hides() -> None:
+    saturated = obs(4, 4, 10.0, growth=10.0)  # 10 served, the backlog growing by 10/s
+    assert HPA(2.5, 1, 40).recommendation(saturated) == 4
+    assert HPA(2.5, 1, 40, arrival=True).recommendation(saturated) == 8
 
 
 def test_hpa_scale_down_waits_300s_and_scale_up_is_rate_limited() -> None:
     hpa = HPA(2.5, 1, 40)
     assert hpa.evaluate(0.0, obs(10, 10, 25.0)) == 10
-    downs = [hpa.evaluate(t, obs(10, 10, 5.0)) for t in (15.0, 150.0, 299.0)]
-    assert downs == [10, 10, 10]
+    assert [hpa.evaluate(t, obs(10, 10, 5.0)) for t in (15.0, 150.0, 299.0)] == [10, 10, 10]
     assert hpa.evaluate(301.0, obs(10, 10, 5.0)) == 2
     hpa = HPA(2.5, 1, 40)
     assert hpa.evaluate(0.0, obs(2, 2, 100.0)) == 6  # max(2 + 4 pods, 2 × 100 %) per 15 s
@@ -53,13 +64,10 @@ def test_missing_metrics_hold_hpa_but_keda_reads_empty_as_zero() -> None:
     hpa, keda = HPA(2.5, 1, 40), KEDA(2.5, 1, 40)
     empty = obs(10, 10, None)
     for t in range(0, 400, 15):
-        h, k = hpa.evaluate(float(t), empty), keda.evaluate(float(t), replace(empty, current=keda_current(keda, t)))
+        current = 10 + sum(d for _, d in keda.events)
+        h, k = hpa.evaluate(float(t), empty), keda.evaluate(float(t), replace(empty, current=current))
     assert h == 10
     assert k == 1  # ignoreNullValues: the empty result reads 0, the service drops to minReplicas (keda#3064)
-
-
-def keda_current(keda: KEDA, t: int) -> int:
-    return 10 if not keda.events else 10 + sum(d for _, d in keda.events)
 
 
 def test_keda_fallback_only_on_query_errors() -> None:
@@ -68,85 +76,135 @@ def test_keda_fallback_only_on_query_errors() -> None:
     assert [keda.evaluate(float(t), failing) for t in (0, 15)] == [3, 6]
 
 
-# --- the simulated cluster --------------------------------------------------------------------------
+# --- the simulated replica is the deployed server, as measured --------------------------------------
 
-def test_static_pool_at_target_utilisation_meets_the_slo_and_overload_does_not() -> None:
-    rate = np.full(600, 20.0)
-    trace = Trace("flat", rate, _poisson_arrivals(rate, np.random.default_rng(0)))
-    sized = simulate(trace, make_scaler("static", CFG, trace), CFG, 0)  # 8 replicas, 62 % busy
+def test_the_simulated_replica_has_the_deployed_batch_and_queue_and_the_measured_latency() -> None:
+    assert (PROFILE.max_batch_size, PROFILE.max_queue_size) == (Batching().max_batch_size, Batching().max_queue_size)
+    assert (CFG.max_batch_size, CFG.max_queue_size) == (Batching().max_batch_size, Batching().max_queue_size)
+    # longer requests and fuller batches take longer; a longer request leaves less rate within the SLO
+    assert PROFILE.mean_latency_s(1, 4.0) < PROFILE.mean_latency_s(1, 16.0) < PROFILE.mean_latency_s(8, 16.0)
+    assert PROFILE.rate_at_slo(1.0, 4.0) > 2 * PROFILE.rate_at_slo(1.0, 16.0) > 0
+    assert PROFILE.p95_s(PROFILE.rate_at_slo(1.0, 12.0), 12.0) <= 1.0
+
+
+def test_a_pool_sized_from_the_profile_meets_the_slo_and_one_replica_less_does_not() -> None:
+    cap = PROFILE.rate_at_slo(CFG.slo_ms / 1000, CFG.audio_s)
+    trace = flat(3.6 * cap, 600)
+    sized = simulate(trace, make_scaler("static", CFG, trace, PROFILE), CFG, 0, PROFILE)
     assert sized.minute_attainment == 1.0 and sized.request_attainment > 0.97
-    assert sized.gpu_hours == pytest.approx(8 * 600 / 3600, rel=0.02)
-    small = simulate(trace, replace(make_scaler("static", CFG, trace), replicas=4), CFG, 0)  # 125 % busy
-    assert small.minute_attainment < 0.2 and small.rejected > 0
+    assert sized.gpu_hours == pytest.approx(4 * 600 / 3600, rel=0.02)
+    short = simulate(trace, replace(make_scaler("static", CFG, trace, PROFILE), replicas=3), CFG, 0, PROFILE)
+    assert short.minute_attainment < 0.5  # 120 % of what 3 replicas take within the SLO
 
 
-def test_policy_holds_replicas_through_an_outage_where_keda_drops_them() -> None:
-    trace = make_trace("outage", 1, CFG, scale=0.5)
-    policy = simulate(trace, make_scaler("policy", CFG, trace), CFG, 1)
-    keda = simulate(trace, make_scaler("keda", CFG, trace), CFG, 1)
-    assert policy.outage_drop == 0
-    assert keda.outage_drop and keda.outage_drop > 0
+# --- the policy on the families ----------------------------------------------------------------------
 
-
-def test_policy_follows_the_last_trend_up_during_an_outage_and_hpa_holds_flat() -> None:
-    trace = make_trace("outage", 1, CFG, scale=0.5)
-    start, end = (300 + int(a) for a in trace.outages[0])
-    scaler = make_scaler("policy", CFG, trace)
-    result = simulate(trace, scaler, CFG, 1)
-    during = [d.desired for t, d in scaler.decisions if start + 15 <= t < end]
-    assert during == sorted(during) and during[-1] > during[0]  # raised along the ramp, never lowered
-    assert all(not d.metrics_ok for t, d in scaler.decisions if start + 15 <= t < end)
-    assert result.outage_drop == 0
-    hpa = make_scaler("hpa", CFG, trace)
-    simulate(trace, hpa, CFG, 1)
-    assert not [e for e in hpa.events if start + 15 <= e[0] < end]  # HPA: no metric, no change
-
-
-def test_the_reactive_bound_pays_the_cold_start_on_a_step() -> None:
-    """Knowing the rate the very second it changes still leaves the cold start unserved: on a 5× step
-    at least two minutes violate, which is why a ≥ 95 % floor on a 40-minute step cannot be met by
-    reacting (docs/autoscaling.md)."""
-    trace = make_trace("step", 0, CFG, scale=0.5)
-    bound = simulate(trace, make_scaler("reactive-bound", CFG, trace), CFG, 0)
-    oracle = simulate(trace, make_scaler("oracle", CFG, trace), CFG, 0)
-    assert oracle.violating_minutes == 0
-    assert bound.violating_minutes >= 2
+def one(family: str, policy: str, seed: int = 0, cfg: SimConfig = CFG) -> tuple[Trace, object, object]:
+    trace = next(t for t, s in generated([family], "tuning", 10, cfg) if s == seed)
+    scaler = make_scaler(policy, cfg, trace, PROFILE)
+    return trace, scaler, simulate(trace, scaler, cfg, seed, PROFILE)
 
 
 def test_policy_does_not_flap_on_constant_poisson_traffic() -> None:
-    trace = make_trace("poisson", 2, CFG, scale=0.5)
-    result = simulate(trace, make_scaler("policy", CFG, trace), CFG, 2)
+    _, _, result = one("poisson", "policy")
     assert result.reversals_per_hour == 0 and result.minute_attainment >= 0.99
 
 
-def test_policy_follows_a_5x_step_and_warming_pods_prevent_overshoot() -> None:
-    trace = make_trace("step", 3, CFG, scale=0.5)
-    scaler = make_scaler("policy", CFG, trace)
-    result = simulate(trace, scaler, CFG, 3)
-    peak_need = int(np.ceil(5 * CFG.base_rate / CFG.target_qps_per_replica))  # 24
-    held = [d.desired for t, d in scaler.decisions if 300 + trace.step_at + 240 <= t < 300 + trace.step_at + 500]
-    assert held and max(held) <= peak_need + 3  # no runaway while 20 pods warm for 120 s
-    assert min(held) >= peak_need - 1
-    assert result.recovery_s is not None and result.recovery_s <= 300
+def test_policy_holds_replicas_through_an_outage_where_keda_drops_them() -> None:
+    trace, scaler, policy = one("outage", "policy", 1, replace(CFG, minutes=30))
+    *_, keda = one("outage", "keda", 1, replace(CFG, minutes=30))
+    assert policy.outage_drop == 0
+    start, end = (300 + a for a in trace.outages[0])
+    during = [d.desired for t, d in scaler.decisions if start + 15 <= t < end]
+    assert during and during == sorted(during) and not any(d.metrics_ok for t, d in scaler.decisions
+                                                           if start + 15 <= t < end)
+    assert keda.outage_drop and keda.outage_drop > 0
 
 
-def test_cli_simulate_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_policy_pre_warms_for_a_recurring_peak_and_scales_down_in_the_trough() -> None:
+    """A square wave seen twice before: replicas are up before the third peak arrives, down in between."""
+    cfg = replace(CFG, minutes=30)
+    unit = PROFILE.rate_at_slo(cfg.slo_ms / 1000, cfg.audio_s)
+    period, lead, n = 1200, 2700, 1800
+    t = np.arange(-lead, n)
+    rate = unit * np.where((t % period) < period / 2, 4.0, 1.5)
+    trace = Trace("square", rate, np.full(len(rate), cfg.audio_s), lead_s=lead)
+    scaler = make_scaler("policy", cfg, trace, PROFILE)
+    result = simulate(trace, scaler, cfg, 0, PROFILE)
+    assert result.minute_attainment >= 0.95
+    rises = [s for s in range(1, n) if (s % period) == 0]  # the load steps up at these scored seconds
+    for rise in rises:
+        before = [d.desired for at, d in scaler.decisions if 300 + lead + rise - 30 <= at < 300 + lead + rise]
+        assert before and max(before) >= 4, before  # replicas for 4× are there (or warming) as the peak starts
+    assert min(result.series["replicas"]) < max(result.series["replicas"])  # and not held for the peak throughout
+
+
+# --- traces ---------------------------------------------------------------------------------------------
+
+def test_tuning_and_heldout_sets_do_not_share_seeds_or_parameters() -> None:
+    tune, held = traces.SETS["tuning"], traces.SETS["heldout"]
+    assert not set(tune.seeds) & set(held.seeds)
+    assert tune.periods_min != held.periods_min and tune.step_x != held.step_x
+    a = traces.generate("periodic", tune.seeds[0], tune, 10.0, 12.0, 10)
+    b = traces.generate("periodic", held.seeds[0], held, 10.0, 12.0, 10)
+    assert a.params != b.params and a.lead_s >= 2 * float(a.params["period_s"])
+
+
+def test_trace_csv_with_header_request_lengths_and_outage(tmp_path: Path) -> None:
+    path = tmp_path / "week.csv"
+    path.write_text("t_seconds,rate_rps,mean_audio_s\n0,10,5\n60,20,\n120,5,20\n")
+    trace = traces.read_csv(path, 12.0, [(30.0, 90.0)])
+    assert trace.duration == 180 and trace.rate[59] == 10 and trace.rate[60] == 20 and trace.rate[179] == 5
+    assert (trace.audio_s[0], trace.audio_s[60], trace.audio_s[120]) == (5.0, 12.0, 20.0)
+    assert trace.outages == [(30.0, 90.0)]
+    for bad, why in [("0,10\n0,12\n", "must increase"), ("0,-1\n", "≥ 0"), ("0,ten\n", "expected t_seconds")]:
+        (tmp_path / "bad.csv").write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            traces.read_csv(tmp_path / "bad.csv", 12.0)
+
+
+def test_cli_replays_a_csv_with_an_outage_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cap = PROFILE.rate_at_slo(1.0, 12.0)
+    rows = ["t_seconds,rate_rps"] + [f"{60 * i},{cap * (2 if i < 4 else 5):.2f}" for i in range(8)]
+    (tmp_path / "load.csv").write_text("\n".join(rows) + "\n")
+    assert main(["simulate", "--trace-file", str(tmp_path / "load.csv"), "--outage", "120:300", "--seeds", "1",
+                 "--policies", "policy,hpa,static", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in data["rows"]] == ["policy", "hpa", "static"]
+    assert data["rows"][0]["outage_drop_max"] == 0 and data["verdicts"][0]["held_during_outage"]
+    assert main(["simulate", "--trace-file", str(tmp_path / "load.csv"), "--outage", "300:120"]) == 2
+    assert "START < END" in capsys.readouterr().err
+    assert main(["simulate", "--trace-file", str(tmp_path / "missing.csv")]) == 2
+
+
+def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
-    assert main(["simulate", "--traces", "poisson,outage", "--seeds", "1", "--scale", "0.15",
-                 "--out", str(out)]) == 0
-    table = (out / "results.md").read_text()
-    assert "| outage | keda |" in table and "| poisson | policy |" in table
+    assert main(["simulate", "--traces", "poisson", "--set", "tuning", "--seeds", "1", "--minutes", "5",
+                 "--policies", "policy,hpa,oracle", "--out", str(out)]) == 0
+    assert "| poisson | policy |" in (out / "results.md").read_text()
     data = json.loads((out / "results.json").read_text())
-    assert data["config"]["cold_start_s"] == 120.0 and len(data["runs"]) == 12
-    assert {v["trace"] for v in data["verdicts"]} == {"poisson", "outage"}
-    for trace in ("poisson", "outage"):
-        assert (out / f"autoscaling-{trace}.png").read_bytes()[:4] == b"\x89PNG"
+    assert data["config"]["cold_start_s"] == 120.0 and len(data["runs"]) == 3 and data["set"] == "tuning"
+    assert (out / "autoscaling-poisson-0.png").read_bytes()[:4] == b"\x89PNG"
     assert "runs in" in capsys.readouterr().out
 
 
 def test_project_policy_uses_the_pure_decision_function() -> None:
-    p = ProjectPolicy(make_scaler("policy", CFG, make_trace("poisson", 0, CFG, 0.05)).settings)
-    assert p.evaluate(0.0, obs(4, 4, 25.0)) == 10  # 10 needed, within the default step max(4 + 4, 4 × 3)
+    settings = make_scaler("policy", CFG, flat(1.0, 60), PROFILE).settings
+    p = ProjectPolicy(settings)
+    cap = settings.per_replica_rate(CFG.audio_s)[0]
+    assert p.evaluate(0.0, Observation(4, 4, Metrics(qps=10 * cap, audio_s=CFG.audio_s))) == 10
     assert p.decisions[-1][1].reason == "ScaleUp"
-    assert p.evaluate(15.0, obs(10, 4, 250.0)) == 30  # 100 needed; limited to 10 × 3 in one period
-    assert p.decisions[-1][1].able_reason == "ScaleUpLimit"
+    assert needed_replicas(np.array([cap]), np.array([CFG.audio_s]), CFG, PROFILE)[0] < 1.0
+
+
+def test_a_run_longer_than_the_forecast_lookback_sees_only_the_lookback() -> None:
+    settings = replace(make_scaler("policy", CFG, flat(1.0, 60), PROFILE).settings, season_lookback_s=600.0)
+    seen: list[tuple[float, ...]] = []
+
+    class Spy(ProjectPolicy):
+        def evaluate(self, now: float, obs: Observation) -> int:
+            seen.append(obs.metrics.rate_history)
+            return super().evaluate(now, obs)
+
+    simulate(flat(10.0, 1200), Spy(settings), CFG, 0, PROFILE)
+    assert len(seen[-1]) == 11 and 8 < np.mean(seen[-1]) < 12  # one sample a minute over 600 s, ~10 req/s

@@ -74,6 +74,7 @@ def test_inference_image_pairs_onnxruntime_gpu_with_its_cuda() -> None:
     ort = re.search(r"ARG ORT_GPU_VERSION=(\d+\.\d+)\.\d+", text)
     assert cuda and ort, "pin both the CUDA base image and onnxruntime-gpu"
     assert (ort.group(1), cuda.group(1)) == ("1.31", "13")
-    # the gpu extra alone brings ONNX Runtime (tests/server/test_install.py resolves this very command)
-    assert 'pip install "./[gpu]" "onnxruntime-gpu==${ORT_GPU_VERSION}"' in text and "uninstall" not in text
+    # the gpu extra alone brings ONNX Runtime (tests/server/test_install.py resolves this very command);
+    # the storage extra brings fetch's s3:// and gs:// clients
+    assert 'pip install "./[gpu,storage]" "onnxruntime-gpu==${ORT_GPU_VERSION}"' in text and "uninstall" not in text
     assert "CUDAExecutionProvider" in text  # the build fails when the GPU provider is missing

@@ -82,8 +82,10 @@ def test_an_unknown_setting_name_fails_loudly() -> None:
         server_settings.env("max_batch")
 
 
-def test_simulator_queue_is_the_servers_default() -> None:
-    assert SimConfig().max_queue_per_replica == Settings.model_fields["max_queue_size"].default
+def test_simulator_batch_and_queue_are_the_servers_defaults() -> None:
+    cfg = SimConfig()
+    assert cfg.max_queue_size == Settings.model_fields["max_queue_size"].default
+    assert cfg.max_batch_size == Settings.model_fields["max_batch_size"].default
 
 
 def test_the_operator_package_does_not_import_the_server() -> None:

@@ -17,6 +17,7 @@ from ..audio import FORMATS, StreamEncoder, encode
 from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
+from .auth import require_api_key
 from .errors import APIError, validation_message
 from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, ModelList, SpeechRequest, VoiceCard, VoiceList
 
@@ -29,25 +30,15 @@ def state_of(request: Request) -> ServerState:
     return request.app.state.server
 
 
-async def require_api_key(request: Request) -> None:
-    key = state_of(request).api_key
-    if key is None:
-        return
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or token.strip() != key:
-        raise APIError(401, "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-
-
 _ERRORS = {
     400: "Invalid request: malformed JSON, a missing or invalid field (`param` names it), an unknown voice",
     401: "An API key is configured and `Authorization: Bearer <key>` is missing or wrong",
     404: "Unknown model",
+    408: "The request body did not arrive within the server's body timeout",
     413: "The request body is over the server's limit",
     429: "The server is full; `Retry-After` says when to retry",
     500: "Synthesis failed on the server",
-    503: "The model is loading or the server is draining; `Retry-After` says when to retry",
+    503: "The model is loading, the server is draining, or its drain timeout cut the request off; `Retry-After` says when to retry",
     504: "Synthesis did not finish within the request timeout",
 }
 
@@ -116,6 +107,8 @@ def _parse(body: bytes, state: ServerState) -> SpeechRequest:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "The request body nests JSON too deeply.", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
     try:
@@ -145,13 +138,17 @@ class _Timeout(Exception):
     pass
 
 
+class _Disconnected(Exception):
+    """The client hung up; an ordinary event, not an error to log with a traceback."""
+
+
 async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | Done:
     """Next audio chunk or the end marker; raises _Timeout at the deadline. Without a stream to write
     to, the client's disconnect is noticed by polling the connection before each chunk and every
     0.25 s (chunks arrive back to back while audio flows, so polling only on idle waits misses it)."""
     while True:
         if request is not None and await request.is_disconnected():
-            raise asyncio.CancelledError
+            raise _Disconnected
         remaining = req.deadline - time.monotonic()
         if remaining <= 0:
             raise _Timeout
@@ -169,7 +166,7 @@ async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | 
                              "sse`, `speech.audio.delta` events then `speech.audio.done`",
               "content": {f.media_type: {"schema": {"type": "string", "format": "binary"}} for f in FORMATS.values()}
               | {"text/event-stream": {"schema": {"type": "string"}}}},
-        **error_responses(400, 404, 413, 429, 500, 503, 504),
+        **error_responses(400, 404, 408, 413, 429, 500, 503, 504),
     },
 )
 async def create_speech(request: Request) -> Response:
@@ -181,6 +178,12 @@ async def create_speech(request: Request) -> Response:
         req = s.new_request(body)
         if not req.segments:
             raise APIError(400, "The input has no speakable text after normalization.", param="input", code="invalid_value")
+        fewest, most = s.token_bounds(req.segments, body.speed)
+        if fewest > most:
+            rate = s.pipeline.manifest.token_rate * body.speed
+            raise APIError(400, f"The input would make at least {fewest / rate:.1f} s of audio; the limit is "
+                           f"{s.settings.max_audio_seconds:g} s per request. Split the text into several requests.",
+                           param="input", code="input_too_long")
         s.scheduler.submit(req)
     except Overloaded as exc:
         s.record(429, started)
@@ -206,13 +209,22 @@ async def create_speech(request: Request) -> Response:
         outcome = item.outcome
     except _Timeout:
         outcome = Outcome.TIMEOUT
+    except _Disconnected:
+        pass  # outcome stays CANCELLED
     finally:
         if not streaming:
             s.scheduler.release(req, outcome)
+    if outcome == Outcome.CANCELLED:
+        s.record(499, started)
+        return Response(status_code=499)  # nobody reads it: the connection is gone
     if outcome == Outcome.TIMEOUT:
         s.record(504, started)
         raise APIError(504, f"Synthesis did not finish within the request timeout of {s.settings.request_timeout_s:g} s.",
                        type="server_error", code="timeout")
+    if outcome == Outcome.SHUTDOWN:
+        s.record(503, started)
+        raise APIError(503, f"The server shut down before synthesis finished: {item.message}.", type="server_error",
+                       code="shutting_down", headers={"Retry-After": "1"})
     if outcome == Outcome.FAILED:
         s.record(500, started)
         raise APIError(500, f"Synthesis failed: {item.message}.", type="server_error", code="internal_error")
@@ -273,11 +285,11 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
         tail = pending + await _encoded(enc.fmt, enc.close)
         if tail:
             yield out(tail)
-        if outcome == Outcome.FAILED:
-            code = 500
+        if outcome in (Outcome.FAILED, Outcome.SHUTDOWN):
+            code, err = (500, "internal_error") if outcome == Outcome.FAILED else (503, "shutting_down")
             if sse:
                 yield _sse({"type": "error", "error": {"message": f"Synthesis failed: {item.message}.", "type": "server_error",
-                                                       "param": None, "code": "internal_error"}})
+                                                       "param": None, "code": err}})
         else:
             code = 200
             if sse:
@@ -292,7 +304,7 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
     finally:
         s.scheduler.release(req, outcome)
         s.record(code, started)
-    if code in (500, 504) and not sse:
+    if code in (500, 503, 504) and not sse:
         log.warning("request %s: %s after its audio began; the stream is cut short", req.id,
-                    "synthesis failed" if code == 500 else "the deadline passed")
+                    {500: "synthesis failed", 503: "the drain timeout passed", 504: "the deadline passed"}[code])
         yield _BROKEN

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..frontend import normalize
+
 MAX_INPUT_CHARS = 4096
 # OpenAI's built-in voice names; a model maps them onto its own voices with voices.aliases (model.yaml)
 # or the server's --voice-aliases.
@@ -57,6 +59,9 @@ class SpeechRequest(BaseModel):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("input must contain some text, not only whitespace")
+        # The limit holds for the text the model reads: NFKC expands some characters up to 18-fold.
+        if (n := len(normalize(v))) > MAX_INPUT_CHARS:
+            raise ValueError(f"input is {n} characters after Unicode (NFKC) normalization; the limit is {MAX_INPUT_CHARS}")
         return v
 
     @property

@@ -22,6 +22,7 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     FAILED = "failed"
+    SHUTDOWN = "shutdown"  # the drain deadline passed before it finished
 
 
 def request_rngs(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
@@ -45,6 +46,7 @@ class SynthesisRequest:
     deadline: float  # time.monotonic() by which the last sample must be out
     loop: asyncio.AbstractEventLoop
     planner: ChunkPlanner
+    max_tokens: int  # speech tokens this request may produce at most (its output bound)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)

@@ -83,6 +83,8 @@ class Scheduler:
         self._voc_q = StageQueue()
         self._stopping = False
         self._avg_duration = 1.0
+        # Requests in the batch each stage is computing now: the ones a stage failure takes down.
+        self._running: dict[str, list[SynthesisRequest]] = {"llm": [], "flow": [], "vocoder": []}
         self._threads = [
             threading.Thread(target=self._guard, args=(self._llm_loop, "llm"), name="stage-llm", daemon=True),
             threading.Thread(target=self._guard, args=(self._flow_loop, "flow"), name="stage-flow", daemon=True),
@@ -136,6 +138,9 @@ class Scheduler:
         with self._lock:
             if self._active.pop(id(req), None) is not None and outcome == Outcome.OK:
                 self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
+            if self._enqueued.pop(id(req), None) is not None:  # still waiting for the LLM: leave the queue
+                self._waiting.remove(req)
+                self.m.queue_depth.labels("llm").set(len(self._waiting))
             self._in_llm.discard(id(req))
             self._in_flow.pop(id(req), None)
             self.m.inflight.set(len(self._active))
@@ -146,6 +151,15 @@ class Scheduler:
     def idle(self) -> bool:
         return not self._active
 
+    def abort_all(self, outcome: Outcome, message: str) -> int:
+        """Ends every request in flight with `outcome` (the drain deadline passed); returns how many."""
+        with self._lock:
+            victims = list(self._active.values())
+        for req in victims:
+            req.push_done(Done(outcome, message))
+            self.release(req, outcome)
+        return len(victims)
+
     # Workers ----------------------------------------------------------------------------------
     def _guard(self, loop: Callable[[], None], stage: str) -> None:
         while True:
@@ -153,22 +167,26 @@ class Scheduler:
                 loop()
                 return
             except Exception:  # a bug or a device error must not kill the stage for everyone
-                log.exception("stage %s failed; failing its in-flight requests", stage)
-                self._fail_stage(stage)
+                self._fail(self._running[stage], stage)
+                self._running[stage] = []
 
-    def _fail_stage(self, stage: str) -> None:
-        victims = list(self._active.values())
+    def _fail(self, batch: list[SynthesisRequest], stage: str) -> None:
+        """Fails the requests of the batch a stage could not compute; everything else goes on."""
+        victims = [r for r in batch if r.alive]
+        log.exception("stage %s failed; failing the %d request(s) in its batch", stage, len(victims))
         for req in victims:
             req.push_done(Done(Outcome.FAILED, f"internal error in the {stage} stage"))
             self.release(req, Outcome.FAILED)
 
     def _sequence(self, req: SynthesisRequest) -> Sequence:
         v = req.voice
-        return self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.prompt_speech_tokens, req.rng, req)
+        seq = self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.prompt_speech_tokens, req.rng, req)
+        seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens)))  # the request's output bound
+        return seq
 
     def _llm_loop(self) -> None:
         llm = self.p.llm
-        batch: Batch | None = None
+        batch: Batch | None = None  # a restart after a failure starts empty: its requests were failed
         while True:
             with self._lock:
                 while batch is None and not self._waiting and not self._stopping:
@@ -184,13 +202,20 @@ class Scheduler:
                         arrivals.append(req)
                         self.m.queue_wait.labels("llm").observe(waited)
                 self.m.queue_depth.labels("llm").set(len(self._waiting))
+            if not arrivals and batch is None:
+                continue  # every arrival had hung up while it waited: nothing to run
             t0 = time.perf_counter()
             if arrivals:
-                new = llm.prefill([self._sequence(r) for r in arrivals])
+                try:
+                    new = llm.prefill([self._sequence(r) for r in arrivals])
+                except Exception:  # only the arrivals fail: the running batch's cache is untouched
+                    self._fail(arrivals, "llm")
+                    continue
+                self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + arrivals
                 self._after_tokens(new.seqs)
                 batch = llm.merge(batch, new)
             else:
-                assert batch is not None
+                self._running["llm"] = [q.owner for q in batch.seqs]
                 self.m.batch_size.labels("llm").observe(len(batch.seqs))
                 llm.step(batch)
                 self._after_tokens(batch.seqs)
@@ -198,6 +223,7 @@ class Scheduler:
             now = time.monotonic()
             keep = [i for i, q in enumerate(batch.seqs) if not q.done and q.owner.alive and not q.owner.expired(now)]
             batch = llm.keep(batch, keep)
+            self._running["llm"] = []
 
     def _after_tokens(self, seqs: list[Sequence]) -> None:
         for q in seqs:
@@ -208,7 +234,8 @@ class Scheduler:
             req.tokens.extend(fresh)
             self.m.tokens.inc(len(fresh))
             segment = req.tokens[req.segment_offset :]
-            last_segment = req.segment + 1 >= len(req.segments)
+            # the last segment, or the request's output bound reached: no further segments
+            last_segment = req.segment + 1 >= len(req.segments) or len(req.tokens) >= req.max_tokens
             while (span := req.planner.next(len(segment), q.done)) is not None:
                 self._emit_flow(req, segment, span, span.final and last_segment)
             if not q.done:
@@ -272,6 +299,7 @@ class Scheduler:
         while (items := self._flow_q.take_batch(self.cfg.max_batch_size, delay, self._flow_upstream)) is not None:
             self.m.queue_depth.labels("flow").set(len(self._flow_q))
             live = self._live(items, "flow")
+            self._running["flow"] = [i.request for i in live]
             t0 = time.perf_counter()
             work = [i for i in live if i.payload.chunk is not None]
             if work:
@@ -291,6 +319,7 @@ class Scheduler:
                             del self._in_flow[key]
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             self._voc_q.poke()
+            self._running["flow"] = []
 
     def _vocoder_input(self, req: SynthesisRequest, w: _VocoderWork) -> VocoderInput:
         """As upstream `token2wav`: the cached mel frames go first; `speed` stretches whole segments only."""
@@ -309,6 +338,7 @@ class Scheduler:
         while (items := self._voc_q.take_batch(self.cfg.max_batch_size, delay, self._vocoder_upstream)) is not None:
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             live = self._live(items, "vocoder")
+            self._running["vocoder"] = [i.request for i in live]
             t0 = time.perf_counter()
             inputs = [self._vocoder_input(i.request, i.payload) for i in live]
             # Nothing to vocode: a segment that produced no speech tokens, with no held-back tail.
@@ -334,3 +364,4 @@ class Scheduler:
                 if w.final:
                     req.push_done(Done(Outcome.OK))
                     self.release(req, Outcome.OK)
+            self._running["vocoder"] = []

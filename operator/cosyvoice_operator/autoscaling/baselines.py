@@ -1,19 +1,22 @@
 """The anchors the policy is compared with, as the simulator runs them.
 
-* ``HPA``: the Kubernetes HPA v2 replica calculation for a Pods metric (per-pod QPS, e.g. through
-  prometheus-adapter): ``ceil(current × metric/target)`` skipped within tolerance 0.1, pods without a
+* ``HPA``: the Kubernetes HPA v2 replica calculation for a Pods metric (per-pod QPS of
+  ``cosyvoice_requests_total``, e.g. through prometheus-adapter): ``ceil(current × metric/target)`` skipped within tolerance 0.1, pods without a
   metric (warming) counted as 0 on scale-up and 100 % of target on scale-down, a direction reversal
   by those rules means no change; default ``behavior``: scale-up 100 % or 4 pods per 15 s (Max),
   no stabilization; scale-down 100 % per 15 s after a 300 s stabilization (max of recommendations).
   No metric at all (the query fails or is empty) holds the replicas (``ScalingActive=False``).
-* ``KEDA``: a ScaledObject with the Prometheus scaler: an External metric with an AverageValue target
+* ``hpa-arrival``: the same HPA fed the policy's arrival-rate query (served rate + in-flight growth),
+  so the comparison isolates the decision from the signal.
+* ``KEDA`` (fed the arrival-rate query too): a ScaledObject with the Prometheus scaler: an External metric with an AverageValue target
   (``ceil(total/threshold)``, tolerance against ``status.replicas``), the same HPA behaviours,
   ``ignoreNullValues: true`` (an empty result reads as 0, keda#3064), ``fallback`` only on query
   errors, ``pollingInterval`` 30 s for activation, ``cooldownPeriod`` 300 s before scaling to 0.
-* ``Oracle``: knows the offered rate of the next minute, and its pods start instantly.
+* ``Oracle``: knows the load of the coming minute, sized from the capacity profile at the SLO, and its
+  pods start instantly.
 * ``ReactiveOracle`` (``reactive-bound``): sees the offered rate of the current second (no metric
   delay, no foresight) and pays the cold start: the bound on what any reactive policy can achieve.
-* ``Static``: a pool sized for the trace's peak rate.
+* ``Static``: a pool sized for the trace's peak (from the capacity profile at the SLO).
 
 Each has ``evaluate(now, obs) -> replicas`` and an ``interval`` (seconds between evaluations).
 """
@@ -42,9 +45,10 @@ class Observation:
 class ProjectPolicy:
     name = "policy"
 
-    def __init__(self, settings: Settings, interval: float = 15.0) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.interval = interval
+        self.interval = settings.interval_s
+        self.lookback_s = settings.season_lookback_s  # the simulator provides this much rate history
         self.history = History()
         self.decisions: list[tuple[float, Decision]] = []
 
@@ -85,28 +89,33 @@ class HPA:
     max_replicas: int
     tolerance: float = 0.1
     interval: float = 15.0
+    arrival: bool = False  # fed the arrival rate (served + in-flight growth) instead of the served rate
     up: Rules = HPA_SCALE_UP
     down: Rules = HPA_SCALE_DOWN
     name: str = "hpa"
     recs: list[tuple[float, int]] = field(default_factory=list)
     events: list[tuple[float, int]] = field(default_factory=list)
 
+    def value(self, m: Metrics) -> float | None:
+        return m.arrival_qps if self.arrival else m.qps
+
     def recommendation(self, obs: Observation) -> int | None:
         m = obs.metrics
-        if m.error or m.qps is None or obs.ready == 0:
+        qps = self.value(m)
+        if m.error or qps is None or obs.ready == 0:
             return None  # FailedGetPodsMetric: ScalingActive=False, hold
         current, ready = obs.current, obs.ready
         missing = max(0, current - ready)
         target = self.target_qps_per_replica
-        ratio = (m.qps / ready) / target
+        ratio = (qps / ready) / target
         if missing == 0:
             return current if abs(ratio - 1) <= self.tolerance else math.ceil(ratio * ready - 1e-9)
         if abs(ratio - 1) <= self.tolerance:
             return current
         if ratio > 1:  # missing pods count as 0 on scale-up
-            new = m.qps / ((ready + missing) * target)
+            new = qps / ((ready + missing) * target)
         else:  # and as 100 % of the target on scale-down
-            new = (m.qps + missing * target) / ((ready + missing) * target)
+            new = (qps + missing * target) / ((ready + missing) * target)
         if abs(new - 1) <= self.tolerance or (new > 1) != (ratio > 1):
             return current
         return math.ceil(new * (ready + missing) - 1e-9)
@@ -141,7 +150,7 @@ class KEDA(HPA):
                 return self.fallback_replicas
             return None
         self._failures = 0
-        value = m.qps
+        value = self.value(m)
         if value is None:  # empty result
             if not self.ignore_null_values:
                 return None
@@ -155,9 +164,8 @@ class KEDA(HPA):
 
 @dataclass
 class Oracle:
-    """Replicas for the offered rate of the coming minute, ready at once (cold start 0 in the simulator)."""
-    rate: list[float]  # offered requests/s per second of the trace
-    target_qps_per_replica: float
+    """Replicas for the load of the coming minute, ready at once (cold start 0 in the simulator)."""
+    need: list[float]  # replicas the load needs, per second of the trace
     min_replicas: int
     max_replicas: int
     interval: float = 15.0
@@ -167,8 +175,8 @@ class Oracle:
 
     def evaluate(self, now: float, obs: Observation) -> int:
         t = max(0, int(now - self.offset))
-        window = self.rate[t: t + getattr(self, "lookahead_s", 75)] or [self.rate[-1]]
-        need = math.ceil(max(window) / self.target_qps_per_replica - 1e-9)
+        window = self.need[t: t + getattr(self, "lookahead_s", 75)] or [self.need[-1]]
+        need = math.ceil(max(window) - 1e-9)
         return min(self.max_replicas, max(self.min_replicas, need))
 
 

@@ -6,6 +6,10 @@ it out; with ``autoscaling.enabled: false`` nothing is written and an external H
 scale subresource instead. Measurements, the decision and HPA-like conditions go to
 ``status.autoscaling``; each scale gets an event (``SuccessfulRescale``), and a change of
 ``ScalingActive`` gets one too (``FailedGetMetrics`` / ``MetricsAvailable``).
+
+The decision history (windows, rate-limit periods, outage state) is read from and written to
+``status.autoscaling.history`` at every evaluation (``state.py``): the status, not this process's
+memory, is the source of truth, so a restart or a leader change resumes where the last writer was.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ from .. import admin, apply, kube
 from ..spec import InvalidSpec, parse_spec
 from ..status import now_iso
 from . import prometheus
+from . import state as persisted
+from . import profile as profiles
 from .policy import Decision, History, Metrics, Settings, decide
 
 Obj = dict[str, Any]
@@ -70,7 +76,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 class Autoscaler:
     def __init__(self, client: kube.Kube, record: Recorder | None = None, connect: QueryFactory = prometheus.connect,
-                 clock: Callable[[], float] = time.monotonic, policy: admin.AdminPolicy | None = None) -> None:
+                 clock: Callable[[], float] = time.time, policy: admin.AdminPolicy | None = None) -> None:
         self.kube = client
         self.policy = policy or admin.AdminPolicy()
         self.record: Recorder = record or (lambda cr, t, r, m: post_event(client, cr, t, r, m))
@@ -117,15 +123,19 @@ class Autoscaler:
                 state = self._states[(namespace, name)] = _State(uid)
         state.interval = float(auto.interval_seconds)
 
-        settings = Settings.from_spec(auto)
+        prof = profiles.load(auto.capacity_profile, batching=spec.batching) if auto.capacity_profile else None
+        settings = Settings.from_spec(auto, prof)
         queries = prometheus.build_queries(namespace, name, auto.queries)
-        reading = self._read(namespace, auto, queries)
+        now = self.clock()
+        reading = self._read(namespace, auto, queries, now)
         deployment = self.kube.get(DEPLOYMENTS, namespace, name)
         ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
         current = spec.replicas
-        decision = decide(self.clock(), reading.metrics, current=current, ready=min(ready, current),
-                          policy=settings, history=state.history)
         previous_auto: Obj = (cr.get("status") or {}).get("autoscaling") or {}
+        # the status is the shared record (another replica of the operator may have decided last)
+        history = persisted.load(previous_auto.get("history")) or state.history
+        decision = decide(now, reading.metrics, current=current, ready=min(ready, current),
+                          policy=settings, history=history)
         stamp = now_iso()
         if decision.desired != current:
             self.kube.patch(kube.COSYVOICESERVICES, namespace, name, {"spec": {"replicas": decision.desired}},
@@ -137,7 +147,7 @@ class Autoscaler:
         state.last = decision
         return decision
 
-    def _read(self, namespace: str, auto: Any, queries: dict[str, str]) -> prometheus.Reading:
+    def _read(self, namespace: str, auto: Any, queries: dict[str, str], now: float) -> prometheus.Reading:
         found = admin.resolve_source(self.policy, namespace, auto)
         if isinstance(found, admin.SourceError):
             return prometheus.Reading(Metrics(error=found.message), queries, reason=found.reason)
@@ -149,7 +159,7 @@ class Autoscaler:
                                       queries)
         query = self.connect(src.url, token=token, insecure_skip_verify=src.insecure_skip_verify,
                              ca_file=str(src.ca_file) if src.ca_file else None)
-        return prometheus.read(query, queries)
+        return prometheus.read(query, queries, lookback_s=float(auto.forecast.lookback_seconds), now=now)
 
     def _write_status(self, cr: Obj, namespace: str, name: str, d: Decision, reading: prometheus.Reading,
                       previous: Obj, stamp: str, current: int) -> None:
@@ -177,6 +187,7 @@ class Autoscaler:
             "currentTimeToFirstAudioMs": _round(m.ttfa_p95_ms, 1), "currentInflight": _round(m.inflight),
             "desiredReplicas": d.desired, "reason": d.reason, "message": d.message[:1000],
             "consecutiveFailures": d.history.failures, "conditions": conditions,
+            "history": persisted.dump(d.history),
         }
         if d.desired != current:
             body["lastScaleTime"] = stamp

@@ -8,29 +8,40 @@ How a decision is made (``decide``):
 1. **No data** (the query failed, came back empty, or the targets are down) never scales down. The
    replicas are held (``ScalingActive=False, MetricsUnavailable``); with a ``fallback`` the count is
    raised to ``fallback.replicas`` after ``failureThreshold`` consecutive failures, never lowered.
-   If the last reading with data showed a rising trend, the count follows that trend up (raise only)
-   for at most ``TREND_FALLBACK_S`` and ``1 + TREND_FALLBACK_MAX_RISE`` times the last demand, then
-   holds. Only **no traffic** (series present, rate 0) may scale down.
-2. **Proportional signal**: the arrival rate (served rate + growth of the in-flight gauge, since the
-   served rate saturates at capacity) over ``targetQPSPerReplica``; on a rising trend (a rise over the
-   trend window beyond the tolerance, and no burst within it), the rate ``FORECAST_S`` ahead (a
-   replica's cold start: what starts now serves then); or the arrival rate over a short window when it
-   exceeds the long one by ``BURST_RATIO`` (Knative's panic window: a step is acted on one scrape after
-   it starts, not a rate window later; it bypasses the scale-up window); and/or in-flight over
-   ``targetInflightPerReplica``; the larger wins. The result is a replica count independent of how
-   many replicas exist, so **warming pods count as capacity**: while they start, the same demand
-   gives the same count and nothing runs away.
-3. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1).
-4. **p95 guardrail with hysteresis**: p95 (or time to first audio) above ``target × (1 + tolerance)``
-   for a whole rate window (``LATENCY_WINDOW_S``) with no pod warming and no backlog draining (the
-   windowed p95 lags a recovery) adds ``max(1, 25 %)`` replicas; a p95 above the target forbids
-   scaling down, and one above ``target × SCALE_DOWN_LATENCY_RATIO`` keeps a spare replica above the
-   demand's count. Latency is not proportional to replicas, so it never sets the count alone.
-5. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
+   While data is missing the count follows, raise only, what was forecast at the last reading: the
+   recurring pattern (step 2) and a rising trend, the trend for at most ``fallback.followTrendSeconds``.
+   Only **no traffic** (series present, rate 0) may scale down.
+2. **Demand, forecast one cold start ahead**: the arrival rate (served rate + growth of the in-flight
+   gauge, since the served rate saturates at capacity); the arrival rate over the short window when
+   it exceeds the long one by more than the tolerance and three standard deviations of Poisson noise
+   (Knative's panic window: a step is acted on one scrape after it starts; it bypasses the scale-up
+   window); on a rising trend (a rise over the trend window beyond the tolerance, no burst within it)
+   the rate at the horizon; with a recurring pattern in the service's own history (``forecast.py``:
+   rate and request length, so a recurring shift to long requests counts too) the most replicas it
+   needs within the horizon plus a rate window. The horizon is ``coldStartSeconds`` plus the rate
+   window plus one evaluation: what is created now serves then. A forecast only adds: it pre-warms
+   for a recurring peak and keeps a scale-down from removing replicas that peak will need; with a
+   pattern the scale-down window shrinks to one rate window, so no fixed window can fall into step
+   with periodic load. Saturated replicas (all ready, batches full, a queue growing) count as what
+   they serve: the count is scaled by offered over served.
+3. **Sizing**: replicas = demand / the rate one replica takes within the objective. With a
+   ``capacityProfile`` that rate comes from the measured replica (``profile.py``: the Poisson rate at
+   which the p95 of response time is ``sizingLatencyRatio × targetP95LatencyMs``, for the mean request
+   length now measured); ``targetQPSPerReplica`` is used as given (with both, the lower). The count
+   depends on demand only, not on how many replicas exist, so **warming pods count as capacity**.
+   ``targetInflightPerReplica`` adds a second count; the larger wins.
+4. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1).
+5. **p95 guardrail with hysteresis**: p95 (or time to first audio) above ``target × (1 + tolerance)``
+   for a whole rate window with no pod warming and no backlog draining adds ``latencyGuardStepPercent``
+   of the replicas (at least 1); a p95 above the target forbids scaling down, and one above
+   ``sizingLatencyRatio × target`` keeps a spare replica above the demand's count. Latency is not
+   proportional to replicas, so it never sets the count alone.
+6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds``, scale-up the lowest of ``scaleUp``'s window. Until a whole
-   scale-down window has been observed (the history lives in the operator's memory, so after a
-   restart) nothing scales down.
-6. **Rate limits**: ``policies`` of Pods/Percent per period, combined by ``selectPolicy``, counted
+   scale-down window has been observed nothing scales down. The history is part of the decision's
+   output; the operator keeps it in ``status.autoscaling.history``, so a restart or a new leader
+   resumes the windows where they were.
+7. **Rate limits**: ``policies`` of Pods/Percent per period, combined by ``selectPolicy``, counted
    from the replicas at the start of each period (HPA's rules); then ``minReplicas``/``maxReplicas``.
 """
 from __future__ import annotations
@@ -40,18 +51,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-FORECAST_S = 120.0  # scale up for the demand this far ahead on a rising trend: a GPU replica's cold start
-TREND_WINDOW_S = 300.0  # the trend query's range ([5m]): a trend is a rise over it of more than the tolerance
-TREND_MIN_RISE = 1.0  # × tolerance: below that rise over TREND_WINDOW_S, the slope is the noise of a flat load
-FORECAST_CAP = 0.1  # the trend adds at most this share of the current rate (a step is not a trend)
-BURST_RATIO = 1.5  # a short-window rate this far above the long one is a burst: scale up on it at once
-SCALE_DOWN_LATENCY_RATIO = 0.8  # p95 above 80 % of the objective: scale-down keeps a spare replica (the band)
-NO_SCALE_DOWN_LATENCY_RATIO = 1.0  # p95 above the objective: no scale-down at all
-LATENCY_WINDOW_S = 60.0  # the p95 query's rate window: the guardrail waits this long before adding
-GUARD_STEP_RATIO = 0.25  # the latency guardrail adds this share of the replicas (at least 1)
-TREND_FALLBACK_S = 900.0  # no data during a ramp: follow the last known trend (raise only) for at most this long
-TREND_FALLBACK_MAX_RISE = 1.0  # ... and to at most (1 + this) × the last demand seen
-HISTORY_SECONDS = 3600.0  # the longest window any rule may look back
+from . import forecast
+from .profile import Profile
+
+# The windows of the queries (prometheus.py builds them from these): properties of the signals, not knobs.
+RATE_WINDOW_S = 60.0  # rate(...[1m]): the arrival rate and the p95; the guardrail waits this long before adding
+SHORT_WINDOW_S = 30.0  # rate(...[30s]), two scrapes at 15 s: the burst detector
+TREND_WINDOW_S = 300.0  # deriv(...[5m:15s]): the trend; no trend within this long after a burst
+BURST_Z = 3.0  # a burst is beyond three standard deviations of the short window's Poisson counting noise
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,8 @@ DEFAULT_SCALE_DOWN = Rules(300.0, (Policy("Percent", 50, 60.0),), "Max")
 
 @dataclass(frozen=True)
 class Settings:
-    """The policy of one CosyVoiceService (``spec.autoscaling``), in plain numbers."""
+    """The policy of one CosyVoiceService (``spec.autoscaling``), in plain numbers. The defaults are the
+    CRD's (``spec.Autoscaling``); ``from_spec`` is how the operator builds it."""
     min_replicas: int = 1
     max_replicas: int = 10
     target_qps_per_replica: float | None = None
@@ -91,10 +99,18 @@ class Settings:
     scale_down: Rules = DEFAULT_SCALE_DOWN
     fallback_replicas: int | None = None
     failure_threshold: int = 3
+    follow_trend_s: float = 600.0
+    profile: Profile | None = None
+    sizing_latency_ratio: float = 0.8
+    cold_start_s: float = 120.0
+    interval_s: float = 15.0
+    season_lookback_s: float = 10800.0
+    season_min_correlation: float = 0.6
+    guard_step_percent: float = 25.0
 
     @classmethod
-    def from_spec(cls, spec: Any) -> Settings:
-        """From ``spec.Autoscaling`` (the pydantic model)."""
+    def from_spec(cls, spec: Any, profile: Profile | None = None) -> Settings:
+        """From ``spec.Autoscaling`` (the pydantic model); ``profile`` is its ``capacityProfile``, loaded."""
         def rules(raw: Any, default: Rules) -> Rules:
             if raw is None:
                 return default
@@ -112,7 +128,35 @@ class Settings:
             tolerance=spec.tolerance,
             scale_up=rules(spec.scale_up, DEFAULT_SCALE_UP), scale_down=rules(spec.scale_down, DEFAULT_SCALE_DOWN),
             fallback_replicas=spec.fallback.replicas if spec.fallback else None,
-            failure_threshold=spec.fallback.failure_threshold if spec.fallback else 3)
+            failure_threshold=spec.fallback.failure_threshold if spec.fallback else 3,
+            follow_trend_s=float(spec.outage_forecast_seconds),
+            profile=profile, sizing_latency_ratio=spec.sizing_latency_ratio, cold_start_s=float(spec.cold_start_seconds),
+            interval_s=float(spec.interval_seconds), season_lookback_s=float(spec.forecast.lookback_seconds),
+            season_min_correlation=spec.forecast.min_correlation,
+            guard_step_percent=float(spec.latency_guard_step_percent))
+
+    @property
+    def horizon_s(self) -> float:
+        """How far ahead demand is forecast: a replica created now serves after the cold start (plus up to
+        one evaluation), and a rate over a window shows a change completely only a window later."""
+        return self.cold_start_s + RATE_WINDOW_S + self.interval_s
+
+    @property
+    def history_s(self) -> float:
+        """The longest a rule looks back (recommendations and scale events older than that are dropped)."""
+        periods = [p.period_s for p in self.scale_up.policies + self.scale_down.policies]
+        return max([self.scale_down.stabilization_s, self.scale_up.stabilization_s, *periods]) + self.interval_s
+
+    def per_replica_rate(self, audio_s: float | None) -> tuple[float | None, str]:
+        """Requests/s one replica takes within the objective, and where that number came from."""
+        rates: list[tuple[float, str]] = []
+        if self.target_qps_per_replica:
+            rates.append((self.target_qps_per_replica, "targetQPSPerReplica"))
+        if self.profile is not None and self.target_p95_ms:
+            length = audio_s if audio_s else max(L.audio_s for L in self.profile.lengths)
+            cap = self.profile.rate_at_slo(self.target_p95_ms * self.sizing_latency_ratio / 1000, length)
+            rates.append((max(cap, 1e-3), f"{self.profile.name} profile at {length:.1f} s of audio per request"))
+        return min(rates) if rates else (None, "")
 
 
 @dataclass(frozen=True)
@@ -131,6 +175,17 @@ class Metrics:
     qps_short: float | None = None  # the same rate over a short window (2 scrapes): the burst detector
     qps_slope: float | None = None  # d(qps)/dt over the last minutes (req/s per s): the trend of a ramp
     inflight_growth_short: float | None = None  # the in-flight gauge's growth over the short window
+    audio_s: float | None = None  # mean seconds of audio per request (request length, for the profile)
+    rate_history: tuple[float, ...] = ()  # the rate over the forecast lookback, oldest first, ending now
+    work_history: tuple[float, ...] = ()  # the same for seconds of audio per second (the work), when measured
+    history_step_s: float = 60.0  # spacing of rate_history and work_history
+
+    def season_series(self) -> tuple[float, ...]:
+        """The series a recurring pattern is looked for in: the work (audio seconds per second) when it
+        is measured, since requests that get longer at the same rate are a change of load too."""
+        if self.audio_s and len(self.work_history) == len(self.rate_history) and any(self.work_history):
+            return self.work_history
+        return self.rate_history
     error: str | None = None
 
     @property
@@ -149,7 +204,8 @@ class Metrics:
 
 @dataclass(frozen=True)
 class History:
-    """What ``decide`` needs from the past, returned updated with every decision (keep it per service)."""
+    """What ``decide`` needs from the past, returned updated with every decision (kept per service, and
+    persisted by the operator in ``status.autoscaling.history``: times are seconds since the epoch)."""
     recommendations: tuple[tuple[float, int], ...] = ()  # (time, stabilized-input recommendation)
     scale_events: tuple[tuple[float, int], ...] = ()  # (time, replica change): + up, - down
     failures: int = 0  # consecutive readings without data
@@ -157,7 +213,12 @@ class History:
     burst_at: float | None = None  # the last time the short window saw a burst
     last_ok: float | None = None  # the time of the last reading with data
     last_demand: float | None = None  # its arrival rate (req/s)
-    last_slope: float | None = None  # its trend (req/s per s)
+    last_slope: float | None = None  # its trend (req/s per s), None after a burst
+    last_audio_s: float | None = None  # its mean request length
+    season_s: float | None = None  # the recurring period found in the rate history (None: none)
+    season_checked: float | None = None  # when it was last looked for
+    forecast: tuple[float, ...] = ()  # replicas the seasonal forecast made at last_ok needs, per forecast_step_s
+    forecast_step_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -175,47 +236,123 @@ class Decision:
     details: dict[str, float] = field(default_factory=dict)
 
 
-def _proportional(m: Metrics, s: Settings, after_burst: bool = False) -> tuple[float | None, str]:
-    """Replicas the demand needs (a float), and which signal set it."""
+SEASON_RECHECK_S = 300.0  # how often the period is looked for again (it changes over hours, not minutes)
+
+
+def _season(now: float, m: Metrics, s: Settings, h: History) -> tuple[float | None, float | None]:
+    """The recurring period of the rate history (cached in the history for SEASON_RECHECK_S)."""
+    if h.season_checked is not None and now - h.season_checked < SEASON_RECHECK_S:
+        return h.season_s, h.season_checked
+    series = m.season_series()
+    if len(series) < 8:
+        return None, h.season_checked
+    # counting noise of a rate over RATE_WINDOW_S: λ/T for requests; for audio seconds each request adds its
+    # length, so about λ·L²/T = mean · L / T
+    unit = (m.audio_s or 1.0) if series is m.work_history else 1.0
+    noise = (sum(series) / len(series)) * unit / RATE_WINDOW_S
+    found = forecast.detect_period(series, m.history_step_s, s.horizon_s, s.season_min_correlation, noise)
+    return (found.period_s if found else None), now
+
+
+def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) -> tuple[float, str]:
+    """The arrival rate to size for now (req/s), and what set it."""
+    arrival = m.arrival_qps or 0.0
+    short = m.arrival_qps_short
+    if short is not None and short > arrival * (1 + s.tolerance) and \
+            short - arrival > BURST_Z * math.sqrt(max(arrival, 1.0 / SHORT_WINDOW_S) / SHORT_WINDOW_S):
+        return short, "qps (burst, short window)"
+    if m.qps_slope is not None and m.qps_slope * TREND_WINDOW_S > s.tolerance * arrival and not after_burst \
+            and season_s is None:  # with a recurring pattern, its forecast is the better model of the rise
+        ahead = arrival + m.qps_slope * s.horizon_s
+        return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.horizon_s:.0f} s)"
+    return arrival, "qps"
+
+
+def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None) -> tuple[float, ...]:
+    """Replicas the recurring pattern needs at each coming step (one per ``history_step_s``, over the longer
+    of the horizon and ``outageForecastSeconds``): its rate, and its request length when the work is
+    measured too (longer requests leave a replica fewer requests/s within the objective)."""
+    if season_s is None or not m.rate_history:
+        return ()
+    season = forecast.Season(season_s, 1.0)
+    horizon = max(s.horizon_s + RATE_WINDOW_S, s.follow_trend_s)
+    rates = forecast.seasonal(m.rate_history, m.history_step_s, season, horizon)
+    lengths: list[float | None] = [m.audio_s] * len(rates)
+    if m.audio_s and len(m.work_history) == len(m.rate_history):
+        works = forecast.seasonal(m.work_history, m.history_step_s, season, horizon)
+        # Lengths as the history measured them, where the served rate was the offered one: while replicas
+        # were saturated the short requests finished first and the long ones later, in bursts.
+        typical = sorted(m.rate_history)[len(m.rate_history) // 2]
+        seen = [w / r for r, w in zip(m.rate_history, m.work_history) if r >= typical / 2 and r > 0 and w > 0]
+        lo, hi = (min(seen), max(seen)) if seen else (m.audio_s, m.audio_s)
+        lengths = [min(hi, max(lo, w / r)) if r > 0 and w > 0 else m.audio_s for r, w in zip(rates, works)]
+    out = []
+    for rate, length in zip(rates, lengths):
+        per_replica, _ = s.per_replica_rate(length)
+        out.append(round(rate / per_replica, 3) if per_replica else 0.0)
+    return tuple(out)
+
+
+def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season_s: float | None,
+                  current: int, ready: int) -> tuple[float | None, str, float | None, tuple[float, ...]]:
+    """Replicas the demand needs (a float), which signal set it, the demand (req/s), and the seasonal
+    forecast (replicas per step, kept for an outage)."""
     best: float | None = None
-    which = ""
-    arrival = m.arrival_qps
-    if s.target_qps_per_replica and arrival is not None:
-        best, which = arrival / s.target_qps_per_replica, "qps"
-        rise = m.qps_slope * TREND_WINDOW_S if m.qps_slope is not None else 0.0
-        # a trend: a rise over the trend window beyond the tolerance (below: the noise of a flat load), and
-        # no burst within the trend window (a step's jump is in the slope then: not a ramp to extrapolate)
-        if TREND_MIN_RISE * s.tolerance * arrival < rise and not after_burst:
-            # capped: a trend is a ramp's; a step's jump is not a slope to extrapolate
-            ahead = arrival + min(m.qps_slope * FORECAST_S, FORECAST_CAP * arrival)
-            best, which = ahead / s.target_qps_per_replica, f"qps rising ({arrival:.1f} → {ahead:.1f} in " \
-                                                            f"{FORECAST_S:.0f} s)"
-        short = m.arrival_qps_short
-        if short is not None and short > BURST_RATIO * max(arrival, 1e-9):
-            best, which = short / s.target_qps_per_replica, "qps (burst, short window)"
+    which, demand, predicted = "", None, ()
+    per_replica, source = s.per_replica_rate(m.audio_s or h.last_audio_s)
+    if per_replica and m.arrival_qps is not None:
+        demand, which = _demand(m, s, after_burst, season_s)
+        best = demand / per_replica
+        which += f" at {per_replica:.2f} req/s per replica ({source})"
+        predicted = _seasonal_replicas(m, s, season_s)
+        # the history is of the 1-minute rate, which shows a change completely a rate window late: the
+        # pattern is followed that much further ahead
+        steps = max(1, math.ceil((s.horizon_s + RATE_WINDOW_S) / m.history_step_s))
+        peak = max(predicted[:steps], default=0.0)
+        if peak > best * (1 + s.tolerance):
+            best, which = peak, (f"the load recurring every {season_s / 60:.0f} min (needs {peak:.2f} replicas "
+                                 f"within {s.horizon_s:.0f} s; now {m.arrival_qps:.1f} req/s)")
+        # Saturated: every replica is ready, its batch full and a queue grows. What they serve is their
+        # real capacity (the requests may be longer than the measured mean, which lags, or the profile
+        # optimistic): the replicas needed are the ready ones scaled by offered over served. Not while
+        # replicas warm: they are the capacity on its way.
+        batch = s.profile.max_batch_size if s.profile is not None else None
+        if batch and ready > 0 and ready == current and m.qps and m.inflight is not None \
+                and m.inflight >= batch * ready and m.arrival_qps > m.qps * (1 + s.tolerance):
+            saturated = ready * m.arrival_qps / m.qps
+            if saturated > best:
+                best, which = saturated, (f"saturated ({ready} replicas serve {m.qps:.1f} of {m.arrival_qps:.1f} "
+                                          f"req/s with full batches)")
     if s.target_inflight_per_replica and m.inflight is not None:
         value = m.inflight / s.target_inflight_per_replica
         if best is None or value > best:
             best, which = value, "inflight"
+    return best, which, demand, predicted
+
+
+def _outage_replicas(now: float, s: Settings, h: History) -> tuple[float | None, str]:
+    """Replicas to keep serving while metrics are missing (None: nothing to follow). Raise only: the
+    seasonal forecast made at the last reading, within its horizon, and the last rising trend for at
+    most ``outageForecastSeconds``; each only once it leaves the tolerance band of the last demand."""
+    if h.last_ok is None or h.last_demand is None:
+        return None, ""
+    per_replica, _ = s.per_replica_rate(h.last_audio_s)
+    if not per_replica:
+        return None, ""
+    best, which = None, ""
+    elapsed = now - h.last_ok
+    if h.forecast:
+        first = int(elapsed // h.forecast_step_s)
+        window = h.forecast[first:first + max(1, math.ceil((s.horizon_s + RATE_WINDOW_S) / h.forecast_step_s))]
+        if window:
+            best, which = max(window), "the recurring pattern"
+    if h.last_slope is not None and h.last_slope > 0:
+        trend = (h.last_demand + h.last_slope * min(elapsed, s.follow_trend_s)) / per_replica
+        if best is None or trend > best:
+            best, which = trend, f"the last trend (+{h.last_slope:.3f} req/s per s)"
+    if best is None or best <= h.last_demand / per_replica * (1 + s.tolerance):
+        return None, ""
     return best, which
-
-
-def _trend_fallback(now: float, s: Settings, h: History) -> float | None:
-    """Replicas for the demand the last known trend projects, during a metrics outage (None: no trend).
-
-    Only a rising trend is followed (the fallback never lowers), from the last reading with data, for at
-    most ``TREND_FALLBACK_S``, to at most ``1 + TREND_FALLBACK_MAX_RISE`` times the last demand, and
-    only once the projection is more than ``tolerance`` above the last measured demand (a noisy slope on
-    a flat load raises nothing). After that the count is held.
-    """
-    if (not s.target_qps_per_replica or h.last_ok is None or h.last_demand is None or h.last_slope is None
-            or h.last_slope <= 0):
-        return None
-    elapsed = min(now - h.last_ok, TREND_FALLBACK_S)  # the demand the trend gives for now, no lead
-    demand = min(h.last_demand + h.last_slope * elapsed, h.last_demand * (1 + TREND_FALLBACK_MAX_RISE))
-    if demand <= h.last_demand * (1 + s.tolerance):
-        return None  # within the tolerance of what was measured: noise, not a ramp
-    return demand / s.target_qps_per_replica
 
 
 def ceil_(x: float) -> int:
@@ -258,18 +395,21 @@ def scale_limit(rules: Rules, current: int, events: Sequence[tuple[float, int]],
     return min(limits) if rules.select == "Max" else max(limits)
 
 
-def _trim(items: tuple[tuple[float, int], ...], now: float) -> tuple[tuple[float, int], ...]:
-    return tuple(x for x in items if now - x[0] <= HISTORY_SECONDS)
+def _trim(items: tuple[tuple[float, int], ...], now: float, keep_s: float) -> tuple[tuple[float, int], ...]:
+    return tuple(x for x in items if now - x[0] <= keep_s)
 
 
 def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Settings,
            history: History) -> Decision:
     """Desired replicas for one evaluation. ``current`` is spec.replicas (ready + warming pods)."""
     s = policy
-    events = _trim(history.scale_events, now)
+    events = _trim(history.scale_events, now, s.history_s)
     warming = max(0, current - ready)
     after_burst = history.burst_at is not None and now - history.burst_at < TREND_WINDOW_S
-    needed, signal = (None, "") if metrics.error else _proportional(metrics, s, after_burst)
+    season_s, season_checked = (history.season_s, history.season_checked) if metrics.error else \
+        _season(now, metrics, s, history)
+    needed, signal, demand, predicted = (None, "", None, ()) if metrics.error else \
+        _proportional(metrics, s, history, after_burst, season_s, current, ready)
     burst_at = now if signal.startswith("qps (burst") else history.burst_at
 
     # 1. No data: hold (or the fallback, never lower). No recommendation is recorded.
@@ -278,16 +418,15 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         why = metrics.error or "no proportional signal (query returned no series)"
         desired, reason = current, "MetricsUnavailable"
         message = f"holding {current} replicas: {why}"
-        trend = _trend_fallback(now, s, history)
-        if trend is not None and ceil_(trend) > current:
-            # A ramp was under way when the data vanished: keep adding along its last known slope, raise
-            # only, for a bounded time and rise, within the scale-up policies. Never lowers anything.
+        follow, what = _outage_replicas(now, s, history)
+        if follow is not None and ceil_(follow) > current:
+            # Load was rising, or a recurring peak is due, when the data vanished: raise along that
+            # forecast, within the scale-up policies. Never lowers anything.
             limit = scale_limit(s.scale_up, current, events, now, up=True)
-            up = min(ceil_(trend), s.max_replicas, limit if limit is not None else s.max_replicas)
+            up = min(ceil_(follow), s.max_replicas, limit if limit is not None else s.max_replicas)
             if up > current:
                 desired = up
-                message = (f"raised to {desired} replicas along the last known trend "
-                           f"(+{history.last_slope:.3f} req/s per s, {now - (history.last_ok or now):.0f} s "
+                message = (f"raised to {desired} replicas along {what} ({now - (history.last_ok or now):.0f} s "
                            f"without data): {why}")
         if s.fallback_replicas is not None and failures >= s.failure_threshold and \
                 min(s.fallback_replicas, s.max_replicas) > desired:
@@ -309,46 +448,53 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         rec = raw
         reason = "ScaleUp" if rec > current else "ScaleDown" if rec < current else reason
         message = f"{signal} needs {needed:.2f} replicas"
-    # 4. Latency guardrail, with hysteresis.
+    # 5. Latency guardrail, with hysteresis.
     if lat is not None:
         draining = (metrics.inflight_growth or 0.0) < 0  # a backlog already shrinking: the p95 lags, wait
         hot = lat > 1.0 + s.tolerance and warming == 0 and not draining
         hot_since = (history.hot_since if history.hot_since is not None else now) if hot else None
-        # The windowed p95 describes the last LATENCY_WINDOW_S: act once all of it was seen at this capacity.
-        if hot and hot_since is not None and now - hot_since >= LATENCY_WINDOW_S and rec <= current:
-            rec = current + max(1, math.ceil(current * GUARD_STEP_RATIO))
+        # The windowed p95 describes the last rate window: act once all of it was seen at this capacity.
+        if hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current:
+            rec = current + max(1, math.ceil(current * s.guard_step_percent / 100))
             reason = "LatencyAboveTarget"
             message = f"{lat_name} at {lat:.0%} of its objective with no replica warming: adding capacity"
-        elif rec < current and lat > NO_SCALE_DOWN_LATENCY_RATIO:
+        elif rec < current and lat > 1.0:
             rec = current
             reason = "LatencyGuard"
             message = (f"{signal} would allow {raw} replicas, but {lat_name} is at {lat:.0%} of its objective "
-                       f"(scale-down needs ≤ {NO_SCALE_DOWN_LATENCY_RATIO:.0%})")
-        elif rec < current and lat > SCALE_DOWN_LATENCY_RATIO:
+                       f"(scale-down needs ≤ 100 %)")
+        elif rec < current and lat > s.sizing_latency_ratio:
             # Near the objective: go down, but keep one replica above what the demand asks (the latency is
             # not proportional to replicas; the last one before the knee is the one that matters).
             rec = min(current, rec + 1)
             if rec == current:
                 reason = "LatencyGuard"
                 message = (f"{signal} would allow {raw} replicas, but {lat_name} is at {lat:.0%} of its objective: "
-                           f"keeping a spare replica (below {SCALE_DOWN_LATENCY_RATIO:.0%} it goes)")
+                           f"keeping a spare replica (below {s.sizing_latency_ratio:.0%} it goes)")
             else:
                 message += f"; {lat_name} at {lat:.0%} of its objective: keeping a spare replica"
     else:
         hot_since = None
-    recs = _trim(history.recommendations, now) + ((now, rec),)
+    recs = _trim(history.recommendations, now, s.history_s) + ((now, rec),)
 
-    # 5. Stabilization windows.
+    # 6. Stabilization windows.
     desired = rec
     able, able_reason = True, "ReadyForNewScale"
     if rec < current:
-        window = [r for t, r in recs if now - t <= s.scale_down.stabilization_s]
+        down_window = s.scale_down.stabilization_s
+        if season_s is not None:
+            # With a recurring pattern the forecast, not the window, says whether the load comes back within
+            # a cold start (the recommendation is the most the pattern needs over the horizon). A fixed window
+            # would end at the same phase of every cycle: for a trough shorter than it, just as the load
+            # returns (the resonance). What is left is one rate window, so a drop is measured, not a blip.
+            down_window = min(down_window, RATE_WINDOW_S)
+        window = [r for t, r in recs if now - t <= down_window]
         desired = min(current, max(window))
-        if now - recs[0][0] < s.scale_down.stabilization_s:
-            desired = current  # the window is not observed yet (e.g. after an operator restart): no scale-down
+        if now - recs[0][0] < down_window:
+            desired = current  # the window is not observed yet (a first start without history): no scale-down
         if desired > rec:
             able, able_reason = False, "ScaleDownStabilized"
-            message += f"; held at {desired} by the {s.scale_down.stabilization_s:.0f} s scale-down window"
+            message += f"; held at {desired} by the {down_window:.0f} s scale-down window"
     elif rec > current:
         up_window = s.scale_up.stabilization_s
         if burst_at == now:
@@ -359,7 +505,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             able, able_reason = False, "ScaleUpStabilized"
             message += f"; held at {desired} by the {s.scale_up.stabilization_s:.0f} s scale-up window"
 
-    # 6. Rate limits, then bounds.
+    # 7. Rate limits, then bounds.
     if desired > current:
         limit = scale_limit(s.scale_up, current, events, now, up=True)
         if limit is not None and desired > limit:
@@ -385,8 +531,15 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
                    scale_events=events + (((now, desired - current),) if desired != current else ()),
                    last_ok=now, last_demand=metrics.arrival_qps,
                    # a slope with a step's jump in it is not a trend to follow blind
-                   last_slope=None if burst_at is not None and now - burst_at < TREND_WINDOW_S else metrics.qps_slope)
+                   last_slope=None if burst_at is not None and now - burst_at < TREND_WINDOW_S else metrics.qps_slope,
+                   last_audio_s=metrics.audio_s or history.last_audio_s, season_s=season_s,
+                   season_checked=season_checked, forecast=predicted,
+                   forecast_step_s=metrics.history_step_s)
     details = {"needed": float(needed)}
+    if demand is not None:
+        details["demand_qps"] = float(demand)
+    if season_s is not None:
+        details["season_s"] = float(season_s)
     if lat is not None:
         details["latency_ratio"] = float(lat)
     return Decision(desired, reason, message, True, able, able_reason, limited, limited_reason, hist,

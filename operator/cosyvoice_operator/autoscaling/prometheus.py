@@ -25,22 +25,32 @@ A query override in ``spec.autoscaling.queries`` may use ``$selector``: it is re
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta, timezone
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .policy import Metrics
+from .policy import RATE_WINDOW_S, SHORT_WINDOW_S, TREND_WINDOW_S, Metrics
 
 SELECTOR_TOKEN = "$selector"
-RATE_WINDOW = "1m"
-SHORT_WINDOW = "30s"  # at least two scrapes at the usual 15 s: the burst detector's window
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration: 60 → 1m, 30 → 30s."""
+    return f"{seconds / 60:.0f}m" if seconds % 60 == 0 else f"{seconds:.0f}s"
+
+
+RATE_WINDOW = duration(RATE_WINDOW_S)
+SHORT_WINDOW = duration(SHORT_WINDOW_S)  # at least two scrapes at the usual 15 s: the burst detector's window
+TREND_WINDOW = duration(TREND_WINDOW_S)
+HISTORY_POINTS = 240  # the forecast's history: at most this many samples, one a minute or coarser
 
 TEMPLATES = {
     # answered requests of every code: 429s are demand the replicas could not take
     "qps": f"sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))",
     "qps_short": f"sum(rate(cosyvoice_requests_total{{$selector}}[{SHORT_WINDOW}]))",
     # the trend of the rate over five minutes (req/s per s): a ramp's slope, for the cold-start forecast
-    "qps_slope": f"deriv(sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))[5m:15s])",
+    "qps_slope": f"deriv(sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))[{TREND_WINDOW}:15s])",
     "inflight": "sum(cosyvoice_inflight_requests{$selector})",
     "inflight_growth": f"sum(deriv(cosyvoice_inflight_requests{{$selector}}[{RATE_WINDOW}]))",
     # the same over the burst window: with qps_short, the arrival rate of the last scrapes (a step that
@@ -52,6 +62,11 @@ TEMPLATES = {
     "ttfa_p95_ms": "histogram_quantile(0.95, sum by (le) (rate(cosyvoice_time_to_first_audio_seconds_bucket"
                    f"{{$selector}}[{RATE_WINDOW}]))) * 1000",
     "targets_up": "sum(up{$selector})",
+    # the mean request length (seconds of audio per successful request): what a replica's capacity depends on
+    # the work (seconds of audio per second): with the rate, the forecast's history (range queries only)
+    "audio_rate": f"sum(rate(cosyvoice_audio_seconds_total{{$selector}}[{RATE_WINDOW}]))",
+    "audio_s": f"sum(rate(cosyvoice_audio_seconds_total{{$selector}}[{RATE_WINDOW}])) / "
+               f"sum(rate(cosyvoice_requests_total{{$selector,code=\"200\"}}[{RATE_WINDOW}]))",
 }
 OVERRIDE_FIELDS = {"qps": "qps", "inflight": "inflight", "p95_ms": "p95_latency_ms",
                    "ttfa_p95_ms": "time_to_first_audio_ms"}
@@ -110,7 +125,32 @@ def connect(url: str, *, token: str | None = None, insecure_skip_verify: bool = 
         except Exception as exc:  # requests' connection errors, PrometheusApiClientException, bad JSON
             raise QueryFailed(f"{type(exc).__name__}: {exc}"[:300]) from None
 
+    def query_range(promql: str, start: datetime, end: datetime, step_s: float) -> dict[float, float]:
+        """Sum of the result's series per timestamp, fetched in chunks under Prometheus' 11,000 points."""
+        out: dict[float, float] = {}
+        chunk = timedelta(seconds=step_s * 10_000)
+        t = start
+        while t < end:
+            stop = min(end, t + chunk)
+            try:
+                series = client.custom_query_range(promql, start_time=t, end_time=stop, step=f"{step_s:g}s")
+            except Exception as exc:
+                raise QueryFailed(f"{type(exc).__name__}: {exc}"[:300]) from None
+            for one in series:
+                for ts, value in one.get("values", []):
+                    v = float(value)
+                    if math.isfinite(v):
+                        out[float(ts)] = out.get(float(ts), 0.0) + v
+            t = stop + timedelta(seconds=step_s)
+        return out
+
+    query.range = query_range  # type: ignore[attr-defined]
     return query
+
+
+def connect_range(url: str, **kw: Any) -> Callable[[str, datetime, datetime, float], dict[float, float]]:
+    """A range query function (``query_range(promql, start, end, step_s) -> {unix time: value}``)."""
+    return connect(url, **kw).range  # type: ignore[attr-defined, no-any-return]
 
 
 def _scalar(result: list[dict[str, Any]]) -> float | None:
@@ -131,8 +171,9 @@ class Reading:
     reason: str | None = None  # a condition reason when no query could be made (e.g. NoMetricsSource)
 
 
-def read(query: Query, queries: dict[str, str]) -> Reading:
-    """One reading. ``Metrics.error`` is set for no data; a rate of 0 with series present is traffic 0."""
+def read(query: Query, queries: dict[str, str], lookback_s: float = 0.0, now: float | None = None) -> Reading:
+    """One reading. ``Metrics.error`` is set for no data; a rate of 0 with series present is traffic 0.
+    With ``lookback_s``, the rate over that past too (``Metrics.rate_history``, for the forecast)."""
     try:
         up = _scalar(query(queries["targets_up"]))
         qps_raw = query(queries["qps"])
@@ -145,10 +186,38 @@ def read(query: Query, queries: dict[str, str]) -> Reading:
     if qps is None and inflight is None:
         return Reading(Metrics(error="no series for the service: is Prometheus scraping its pods, with the "
                                      "cosyvoice_service and namespace labels? (" + queries["qps"] + ")"), queries)
-    values: dict[str, float | None] = {"qps": qps, "inflight": inflight}
-    for key in ("qps_short", "qps_slope", "inflight_growth", "inflight_growth_short", "p95_ms", "ttfa_p95_ms"):
+    values: dict[str, Any] = {"qps": qps, "inflight": inflight}
+    for key in ("qps_short", "qps_slope", "inflight_growth", "inflight_growth_short", "p95_ms", "ttfa_p95_ms",
+                "audio_s"):
         try:
             values[key] = _scalar(query(queries[key]))
         except QueryFailed:
             values[key] = None  # optional signals: a failure here only loses the refinement
+    ranged = getattr(query, "range", None)
+    if lookback_s > 0 and ranged is not None:
+        step = max(60.0, math.ceil(lookback_s / HISTORY_POINTS / 60) * 60)
+        end = datetime.fromtimestamp(now, timezone.utc) if now is not None else datetime.now(timezone.utc)
+        start = end - timedelta(seconds=lookback_s)
+        try:
+            points = ranged(queries["qps"], start, end, step)
+            work = ranged(queries["audio_rate"], start, end, step) if points else {}
+        except QueryFailed:
+            points, work = {}, {}  # the forecast is a refinement too: without history, the policy reacts
+        if points:
+            t0, n = min(points), round((max(points) - min(points)) / step) + 1
+            values["rate_history"] = _regular(points, step, t0, n)
+            if work:
+                values["work_history"] = _regular(work, step, t0, n)
+            values["history_step_s"] = step
     return Reading(Metrics(**values), queries)
+
+
+def _regular(points: dict[float, float], step: float, t0: float, n: int) -> tuple[float, ...]:
+    """``n`` samples on the grid ``t0 + k × step``, oldest first; a missing sample repeats the one before
+    (a scrape gap is not a drop to zero), and the first ones take the first value there is."""
+    by_index = {round((t - t0) / step): v for t, v in points.items()}
+    out, last = [], by_index[min(by_index)]
+    for k in range(n):
+        last = by_index.get(k, last)
+        out.append(round(last, 4))
+    return tuple(out)

@@ -2,31 +2,35 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..server_settings import default as server_default
-from ..spec import SCALE_TO_ZERO
+from ..spec import SCALE_TO_ZERO, Batching
 
-POLICIES = ("policy", "hpa", "keda", "oracle", "reactive-bound", "static")
-TRACES = ("step", "diurnal", "bursty", "poisson", "outage")
+POLICIES = ("policy", "hpa", "hpa-arrival", "keda", "static", "oracle")
+EXTRA_POLICIES = ("reactive-bound",)
+FAMILIES = ("step", "ramp", "periodic", "bursty", "poisson", "outage", "mixed")  # traces.FAMILIES, without numpy
+
+
+def _deployed() -> Batching:
+    """The batch and queue settings the operator deploys when a CR sets none: the replica being simulated."""
+    return Batching()
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    service_mean_s: float = 1.0  # one ~12 s utterance at RTF ~0.08 (CosyVoice2, L20, Triton + TRT-LLM)
-    service_cv: float = 0.5
-    slots: int = 4  # concurrent requests per replica at that latency (the published concurrency-4 point)
-    cold_start_s: float = 120.0
+    profile: str = "tiny-cpu"  # capacity profile (bench.capacity): a bundled name or a JSON file
+    audio_s: float = 12.0  # mean seconds of audio per request of generated traces (one or two sentences)
+    max_batch_size: int = field(default_factory=lambda: _deployed().max_batch_size)
+    max_queue_size: int = field(default_factory=lambda: _deployed().max_queue_size)
+    cold_start_s: float = 120.0  # a GPU replica: image pull, model load, warm-up
     scrape_s: float = 15.0
     rate_window_s: float = 60.0
-    slo_ms: float = 3000.0
-    target_qps_per_replica: float = 2.5  # 62 % of a replica's 4 req/s: p95 about 2.4 s at steady load
+    slo_ms: float = 2000.0  # p95 of response time, per request and per minute (a 12 s utterance in 2 s)
+    target_qps_per_replica: float = 0.0  # the baselines' per-pod target; 0: the profile's rate at the SLO
     min_replicas: int = 1
     max_replicas: int = 40
-    base_rate: float = 12.0  # requests/s at "1×"
-    # the server's --max-queue-size: beyond it, 429 (a failed request)
-    max_queue_per_replica: int = server_default("max_queue_size")
+    minutes: float = 60.0  # scored minutes of a generated trace (after its history lead)
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:  # the same rule as the CRD: no wake-up path exists at zero
@@ -42,14 +46,28 @@ def _min_replicas(text: str) -> int:
 
 def add_arguments(ap: Any) -> None:
     d = SimConfig()
-    ap.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, from {', '.join(TRACES)}")
-    ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {', '.join(POLICIES)}")
-    ap.add_argument("--seeds", type=int, default=10, help="seeds per trace (default 10)")
-    ap.add_argument("--scale", type=float, default=1.0, help="shorten every trace phase by this factor")
+    src = ap.add_argument_group("traffic (one of)")
+    src.add_argument("--traces", default=",".join(FAMILIES), help=f"generated families: {', '.join(FAMILIES)}")
+    src.add_argument("--trace-file", metavar="CSV", help="replay t_seconds,rate_rps[,mean_audio_s] rows")
+    src.add_argument("--from-prometheus", metavar="URL",
+                     help="export --query over --range from Prometheus as a trace, then replay it")
+    ap.add_argument("--set", choices=("tuning", "heldout"), default="heldout",
+                    help="parameter ranges and seeds of generated traces (default heldout)")
+    ap.add_argument("--seeds", type=int, default=10, help="traces per family, from the set's seeds (default 10)")
+    ap.add_argument("--outage", action="append", default=[], metavar="START:END",
+                    help="seconds of the trace during which the service's metrics vanish (repeatable)")
+    ap.add_argument("--query", default="sum(rate(cosyvoice_requests_total[1m]))",
+                    help="with --from-prometheus: requests/s of the service")
+    ap.add_argument("--audio-query", default=None,
+                    help="with --from-prometheus: mean audio seconds per request (optional third column)")
+    ap.add_argument("--range", default="7d", help="with --from-prometheus: how far back (e.g. 12h, 7d)")
+    ap.add_argument("--step", default="60s", help="with --from-prometheus: sample spacing")
+    ap.add_argument("--save-trace", metavar="CSV", help="with --from-prometheus: where to write the trace")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help=f"comma-separated, from {', '.join(POLICIES + EXTRA_POLICIES)}")
     ap.add_argument("--jobs", type=int, default=1, help="processes")
+    ap.add_argument("--json", action="store_true", help="print the summary rows and verdicts as JSON")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")
     for f in SimConfig.__dataclass_fields__.values():
         kind = _min_replicas if f.name == "min_replicas" else type(getattr(d, f.name))
         ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name))
-
-

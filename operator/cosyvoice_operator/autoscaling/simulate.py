@@ -1,22 +1,27 @@
-"""Trace-driven simulator: the project's policy against HPA v2, KEDA, an oracle, a reactive bound and a static pool.
+"""Trace-driven simulator: the project's policy against HPA v2, KEDA, a static pool and an oracle.
 
-    cosyvoice-operator simulate --seeds 10 --out docs/autoscaling
+    cosyvoice-operator simulate --set heldout --seeds 10 --jobs 2 --out docs/autoscaling
+    cosyvoice-operator simulate --trace-file last-week.csv --outage 3600:4500 --json
 
 Model (defaults in ``SimConfig``; every one is a flag of ``simulate``):
 
-* A replica is ``slots`` concurrent requests (the server's batch) with FIFO queueing in front; a
-  request's service time is lognormal (mean ``service_mean_s``, coefficient of variation
-  ``service_cv``). The Service routes each request to a random **ready** replica (kube-proxy).
-* A new replica costs GPU time from the moment it is created and serves after ``cold_start_s``
-  (image pull, model load, warm-up). A removed replica takes no new requests and is billed until
-  its accepted requests finish. Warming replicas are removed first, like a ReplicaSet does.
+* A replica is the server the operator deploys: ``max_batch_size`` requests in service at once and
+  ``max_queue_size`` waiting (beyond: 429), the defaults of the CRD's ``spec.batching``. A request's
+  service time is what the capacity profile (``profile.py``, measured by ``bench.capacity``) gives
+  for its length with that many requests in service, lognormally spread as measured. The Service
+  routes each request to a random **ready** replica (kube-proxy).
+* A new replica costs GPU time from the moment it is created and serves after ``cold_start_s``. A
+  removed replica takes no new requests and is billed until its accepted requests finish. Warming
+  replicas are removed first, like a ReplicaSet does.
 * Metrics pass through a Prometheus-like pipeline: samples every ``scrape_s``; ``rate()`` and
-  ``histogram_quantile(0.95, ...)`` over ``rate_window_s`` with the server's own latency buckets;
-  the in-flight gauge and its ``deriv()``. An autoscaler sees the latest scrape, never the truth.
-* Outage windows of a trace make the service's series vanish (the query returns an empty result).
+  ``histogram_quantile(0.95, ...)`` over ``rate_window_s`` with the server's latency buckets; the
+  in-flight gauge and its ``deriv()``; the audio seconds per request; the rate's history for the
+  policy's forecast. An autoscaler sees the latest scrape, never the truth.
+* Outage windows make the service's series vanish (the query returns an empty result).
 
 The SLO is per request (latency ≤ ``slo_ms``) and per minute (the p95 of the requests that arrived
-in that minute ≤ ``slo_ms``).
+in that minute ≤ ``slo_ms``). A trace's ``lead_s`` of history is simulated for every autoscaler and
+scored for none.
 """
 from __future__ import annotations
 
@@ -32,79 +37,49 @@ from typing import Any
 
 import numpy as np
 
+from . import profile as profiles
+from . import traces
 from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, ReactiveOracle, Static
 from .policy import Metrics, Settings
 from .simconfig import SimConfig, add_arguments
+from .traces import Trace
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
-WARMUP_S = 300
+WARMUP_S = 300  # at the trace's first rate with the initial replicas, before the trace starts
+LENGTH_CV = 0.3  # spread of request lengths around a second's mean (sentences vary)
 
 
-# --- traces ---------------------------------------------------------------------------------------
-
-@dataclass
-class Trace:
-    name: str
-    rate: np.ndarray  # offered requests/s, one value per second
-    arrivals: np.ndarray  # arrival times (s), sorted
-    outages: list[tuple[float, float]] = field(default_factory=list)
-    step_at: float | None = None  # when the step happens (recovery time is measured from it)
-
-    @property
-    def duration(self) -> int:
-        return len(self.rate)
+def load_profile(cfg: SimConfig) -> profiles.Profile:
+    return profiles.load(cfg.profile, batching=cfg)
 
 
-def _poisson_arrivals(rate: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    counts = rng.poisson(rate)
-    secs = np.repeat(np.arange(len(rate), dtype=float), counts)
-    return np.sort(secs + rng.random(len(secs)))
+def baseline_target(cfg: SimConfig, prof: profiles.Profile) -> float:
+    """The per-pod QPS target the baselines are given: the rate one replica takes within the objective at
+    the typical request length, with the policy's sizing margin (the same knowledge, a fixed number)."""
+    if cfg.target_qps_per_replica:
+        return cfg.target_qps_per_replica
+    return prof.rate_at_slo(cfg.slo_ms / 1000 * Settings().sizing_latency_ratio, cfg.audio_s)
 
 
-def _gamma_arrivals(rate: float, duration: int, cv: float, rng: np.random.Generator) -> np.ndarray:
+def needed_replicas(rate: np.ndarray, audio: np.ndarray, cfg: SimConfig, prof: profiles.Profile) -> np.ndarray:
+    """Replicas each second's load needs to meet the SLO (what the oracle and the static pool know)."""
+    caps = {a: max(prof.rate_at_slo(cfg.slo_ms / 1000, a), 1e-3) for a in np.unique(np.round(audio, 1))}
+    return np.array([r / caps[a] for r, a in zip(rate, np.round(audio, 1))])
+
+
+def _arrivals(rate: np.ndarray, cv: float, rng: np.random.Generator) -> np.ndarray:
+    if cv == 1.0:
+        counts = rng.poisson(rate)
+        secs = np.repeat(np.arange(len(rate), dtype=float), counts)
+        return np.sort(secs + rng.random(len(secs)))
+    # a renewal process with Gamma inter-arrival times at the (constant) mean rate: bursts, same mean
+    mean = float(np.mean(rate))
     shape = 1.0 / cv ** 2
-    n = int(rate * duration * 1.3) + 100
-    gaps = rng.gamma(shape, 1.0 / (shape * rate), n)
-    times = np.cumsum(gaps)
-    while times[-1] < duration:
-        times = np.concatenate([times, times[-1] + np.cumsum(rng.gamma(shape, 1.0 / (shape * rate), n))])
-    return times[times < duration]
-
-
-def make_trace(kind: str, seed: int, cfg: SimConfig, scale: float = 1.0) -> Trace:
-    """``scale`` < 1 shortens every phase (tests use short traces)."""
-    rng = np.random.default_rng(seed)
-    b = cfg.base_rate
-
-    def minutes(m: float) -> int:
-        return max(1, int(round(m * 60 * scale)))
-
-    if kind == "step":  # 1× → 5× held 20 min → 1×
-        a, h, c = minutes(10), minutes(20), minutes(10)
-        rate = np.concatenate([np.full(a, b), np.full(h, 5 * b), np.full(c, b)])
-        return Trace(kind, rate, _poisson_arrivals(rate, rng), step_at=float(a))
-    if kind == "diurnal":  # a compressed day: trough 0.5×, peak 3×, with slow multiplicative noise
-        n = minutes(120)
-        t = np.arange(n) / n
-        shape = 0.5 + 2.5 * (0.5 - 0.5 * np.cos(2 * math.pi * t))
-        noise = np.exp(np.convolve(rng.normal(0, 0.06, n + 299), np.ones(300) / math.sqrt(300), "valid")[:n] * 0.5)
-        rate = b * shape * noise
-        return Trace(kind, rate, _poisson_arrivals(rate, rng))
-    if kind == "bursty":  # Gamma inter-arrivals, CV 3, mean 2×
-        n = minutes(60)
-        rate = np.full(n, 2 * b)
-        return Trace(kind, rate, _gamma_arrivals(2 * b, n, 3.0, rng))
-    if kind == "poisson":  # constant Poisson 2×: any scale event is a flap
-        n = minutes(60)
-        rate = np.full(n, 2 * b)
-        return Trace(kind, rate, _poisson_arrivals(rate, rng))
-    if kind == "outage":  # a ramp 1× → 4× over 45 min; the service's series vanish from minute 15 to 30
-        n = minutes(45)
-        rate = b * (1 + 3 * np.arange(n) / n)
-        return Trace(kind, rate, _poisson_arrivals(rate, rng), outages=[(minutes(15), minutes(30))])
-    raise ValueError(f"unknown trace {kind!r}")
-
-
+    n = int(mean * len(rate) * 1.3) + 100
+    times = np.cumsum(rng.gamma(shape, 1.0 / (shape * mean), n))
+    while times[-1] < len(rate):
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.gamma(shape, 1.0 / (shape * mean), n))])
+    return times[times < len(rate)]
 
 
 # --- the cluster ----------------------------------------------------------------------------------
@@ -130,9 +105,9 @@ class RunResult:
     gpu_hours: float
     scale_events_per_hour: float
     reversals_per_hour: float
-    recovery_s: float | None
     rejected: int
     outage_drop: int | None  # replicas lost during the outage (0 = held)
+    params: dict[str, Any] = field(default_factory=dict)
     series: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per minute, for plots
 
 
@@ -152,41 +127,52 @@ def _quantile_from_buckets(counts: np.ndarray, q: float) -> float:
     return lo + (LATENCY_BUCKETS[i] - lo) * ((rank - below) / inside if inside else 0.0)
 
 
-def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
+def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profiles.Profile | None = None) -> RunResult:
+    prof = prof or load_profile(cfg)
     rnd = random.Random(seed * 7919 + sum(map(ord, scaler.name)))
-    sigma = math.sqrt(math.log(1 + cfg.service_cv ** 2))
-    mu = math.log(cfg.service_mean_s) - sigma ** 2 / 2
-    warm = WARMUP_S  # a warm-up at the first rate, with the initial replicas and no autoscaling
-    duration = trace.duration
-    total = warm + duration
+    warm = WARMUP_S
+    start = warm + trace.lead_s  # the first scored second
+    total = warm + trace.duration
+    scored = trace.duration - trace.lead_s
     horizon = total + 4000
     cold = 0.0 if getattr(scaler, "instant", False) else cfg.cold_start_s
     nb = len(LATENCY_BUCKETS) + 1
     hist = np.zeros((horizon, nb))  # latency histogram by finish second
     done = np.zeros(horizon)  # completions by finish second
+    audio_done = np.zeros(horizon)  # seconds of audio of the successful completions
+    ok_done = np.zeros(horizon)
     arrived = np.zeros(horizon)
-    minutes = math.ceil(duration / 60)
+    minutes = math.ceil(scored / 60)
     m_total = np.zeros(minutes)
     m_bad = np.zeros(minutes)
     slo_s = cfg.slo_ms / 1000
+    bsize, admission = prof.max_batch_size, prof.max_batch_size + prof.max_queue_size
+    sigma = prof.sigma
+    mu = -sigma * sigma / 2
+    latency_of: dict[tuple[int, float], float] = {}
 
-    initial = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(trace.rate[0] / cfg.target_qps_per_replica)))
+    rate = np.concatenate([np.full(warm, float(trace.rate[0])), trace.rate])
+    audio = np.concatenate([np.full(warm, float(trace.audio_s[0])), trace.audio_s])
+    initial = min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(
+        float(needed_replicas(rate[:1], audio[:1], cfg, prof)[0]) - 1e-9)))
     if isinstance(scaler, Static):
         initial = scaler.replicas
     if isinstance(scaler, Oracle):
         scaler.offset = warm
-    replicas = [_Replica(-cold, 0.0, [0.0] * cfg.slots) for _ in range(initial)]
+    replicas = [_Replica(-cold, 0.0, [0.0] * bsize) for _ in range(initial)]
     drain_s = 0.0
     events: list[tuple[float, int]] = []
     replica_trace: list[int] = []
     outage_counts: list[int] = []
     rng = np.random.default_rng(seed + 10_000)
-    arrivals = np.concatenate([_poisson_arrivals(np.full(warm, float(trace.rate[0])), rng), trace.arrivals + warm])
+    arrivals = _arrivals(rate, trace.burst_cv, rng)
+    sizes = audio[arrivals.astype(int)] * rng.lognormal(-LENGTH_CV ** 2 / 2, LENGTH_CV, len(arrivals))
     outages = [(a + warm, b + warm) for a, b in trace.outages]
     ai = 0
     next_eval = float(warm)
-    admission = cfg.slots + cfg.max_queue_per_replica
     rejected = 0
+    lookback = getattr(scaler, "lookback_s", 0.0)
+    window = int(cfg.rate_window_s)
 
     def in_outage(t: float) -> bool:
         return any(a <= t < b for a, b in outages)
@@ -197,15 +183,17 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
         last = int(now // cfg.scrape_s * cfg.scrape_s)
         if in_outage(last):
             return Observation(len(live), ready, Metrics(), empty=True)
-        first = max(0, last - int(cfg.rate_window_s))
+        first = max(0, last - window)
         span = max(1, last - first)
         qps = done[first + 1:last + 1].sum() / span
         short = max(0, last - 2 * int(cfg.scrape_s))
         qps_short = done[short + 1:last + 1].sum() / max(1, last - short)
         p95 = _quantile_from_buckets(hist[first + 1:last + 1].sum(axis=0), 0.95)
+        ok = ok_done[first + 1:last + 1].sum()
+        audio_s = audio_done[first + 1:last + 1].sum() / ok if ok else None
         # deriv(sum(rate(...[1m]))[5m:15s]): the trend of the rate over the last five minutes
-        ts = [t for t in range(last, last - 300 - 1, -int(cfg.scrape_s)) if t - cfg.rate_window_s >= 0][::-1]
-        rates = [done[t - int(cfg.rate_window_s) + 1:t + 1].sum() / cfg.rate_window_s for t in ts]
+        ts = [t for t in range(last, last - 300 - 1, -int(cfg.scrape_s)) if t - window >= 0][::-1]
+        rates = [done[t - window + 1:t + 1].sum() / window for t in ts]
         slope = float(np.polyfit(ts, rates, 1)[0]) if len(ts) >= 3 else None
         samples_t = list(range(last, first - 1, -int(cfg.scrape_s)))[::-1]
         base = arrived[:first + 1].sum() - done[:first + 1].sum()
@@ -214,9 +202,22 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
         # deriv(inflight[30s]): the gauge's change over the short window (its samples at short and last)
         infl_short = arrived[:short + 1].sum() - done[:short + 1].sum()
         growth_short = (infl[-1] - infl_short) / max(1, last - short)
+        history: tuple[float, ...] = ()
+        work: tuple[float, ...] = ()
+        step = 60.0
+        if lookback > 0:
+            # the 1-minute rates, one sample a minute (coarser for long lookbacks), as a range query returns them
+            step = max(60.0, math.ceil(lookback / 240 / 60) * 60)
+            ends = np.arange(last, max(window, last - int(lookback)) - 1, -int(step))[::-1]
+            cum = np.concatenate([[0.0], np.cumsum(done[:last + 1])])
+            history = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
+            cum = np.concatenate([[0.0], np.cumsum(audio_done[:last + 1])])
+            work = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
         return Observation(len(live), ready, Metrics(qps=qps, inflight=infl[-1], inflight_growth=growth,
                                                      qps_short=qps_short, qps_slope=slope,
-                                                     inflight_growth_short=growth_short,
+                                                     inflight_growth_short=growth_short, audio_s=audio_s,
+                                                     rate_history=history, work_history=work,
+                                                     history_step_s=step,
                                                      p95_ms=p95 * 1000 if not math.isnan(p95) else None))
 
     def scale_to(now: float, desired: int) -> None:
@@ -224,15 +225,16 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
         live = [r for r in replicas if r.removed_at is None]
         if desired > len(live):
             for _ in range(desired - len(live)):
-                replicas.append(_Replica(now, now + cold, [now + cold] * cfg.slots))
+                replicas.append(_Replica(now, now + cold, [now + cold] * bsize))
         elif desired < len(live):
             # warming first (newest first), then the ready replicas with the least work left
             order = sorted(live, key=lambda r: (r.ready_at <= now, max(r.slots)))
             for r in order[:len(live) - desired]:
                 r.removed_at = now
-                drain_s += max(0.0, max(r.slots) - now)
-        if desired != len(live):
-            events.append((now - warm, desired - len(live)))
+                if now >= start:
+                    drain_s += max(0.0, max(r.slots) - now)
+        if desired != len(live) and now >= start:
+            events.append((now - start, desired - len(live)))
 
     for sec in range(total):
         now = float(sec)
@@ -241,15 +243,15 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
             scale_to(now, desired)
             next_eval += scaler.interval
         live = [r for r in replicas if r.removed_at is None]
-        if sec >= warm:
+        if sec >= start:
             replica_trace.append(len(live))
             if in_outage(now):
                 outage_counts.append(len(live))
         ready = [r for r in live if r.ready_at <= now] or sorted(live, key=lambda r: r.ready_at)[:1]
         end = bisect.bisect_left(arrivals, now + 1, lo=ai)
-        m = (sec - warm) // 60
-        for a in arrivals[ai:end]:
-            a = float(a)
+        m = (sec - start) // 60
+        for j in range(ai, end):
+            a = float(arrivals[j])
             r = ready[rnd.randrange(len(ready))] if len(ready) > 1 else ready[0]
             fl = r.inflight
             while fl and fl[0] <= a:
@@ -263,15 +265,23 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
                     rejected += 1
                 continue
             slots = r.slots
-            i = min(range(len(slots)), key=slots.__getitem__)
+            i = min(range(bsize), key=slots.__getitem__)
             begin = slots[i] if slots[i] > a else a
-            finish = begin + rnd.lognormvariate(mu, sigma)
+            busy = 1 + sum(1 for f in slots if f > begin)  # in service once it starts, itself included
+            size = float(sizes[j])
+            key = (min(busy, bsize), round(size, 1))
+            mean = latency_of.get(key)
+            if mean is None:
+                mean = latency_of[key] = prof.mean_latency_s(key[0], key[1])
+            finish = begin + mean * rnd.lognormvariate(mu, sigma)
             slots[i] = finish
             heapq.heappush(fl, finish)
             latency = finish - a
             fs = int(finish)
             if fs < horizon:
                 done[fs] += 1
+                ok_done[fs] += 1
+                audio_done[fs] += size
                 hist[fs, bisect.bisect_left(LATENCY_BUCKETS, latency)] += 1
             arrived[sec] += 1
             if m >= 0:
@@ -280,88 +290,97 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int) -> RunResult:
                     m_bad[m] += 1
         ai = end
     gpu_s = float(sum(replica_trace)) + drain_s
-    hist = hist[warm:]
+    hist = hist[start:]
 
     requests_n = int(m_total.sum())
     good_minutes = (m_bad <= 0.05 * m_total)
-    hours = duration / 3600
+    hours = scored / 3600
     dirs = [1 if d > 0 else -1 for _, d in events]
     reversals = sum(1 for a, b in zip(dirs, dirs[1:]) if a != b)
-    recovery = None
-    if trace.step_at is not None:
-        first = int(trace.step_at // 60)
-        for m in range(first, minutes):
-            if good_minutes[m:m + 5].all():
-                recovery = max(0.0, m * 60 - trace.step_at)
-                break
-        else:
-            recovery = float(duration - trace.step_at)
     drop = None
     if trace.outages:
-        at_start = replica_trace[int(trace.outages[0][0])] if int(trace.outages[0][0]) < duration else 0
+        first_out = int(trace.outages[0][0]) - trace.lead_s
+        at_start = replica_trace[first_out] if 0 <= first_out < len(replica_trace) else 0
         drop = max(0, at_start - min(outage_counts)) if outage_counts else 0
-    per_min_p95 = []
-    for m in range(minutes):
-        per_min_p95.append(_quantile_from_buckets(hist[m * 60:(m + 1) * 60].sum(axis=0), 0.95) * 1000)
+    per_min_p95 = [_quantile_from_buckets(hist[m * 60:(m + 1) * 60].sum(axis=0), 0.95) * 1000 for m in range(minutes)]
+    lead = warm + trace.lead_s
     series = {
         "replicas": [float(np.mean(replica_trace[m * 60:(m + 1) * 60])) for m in range(minutes)],
         "p95_ms": per_min_p95,
-        "rate": [float(np.mean(trace.rate[m * 60:(m + 1) * 60])) for m in range(minutes)],
+        "rate": [float(np.mean(rate[lead + m * 60:lead + (m + 1) * 60])) for m in range(minutes)],
+        "needed": [float(np.mean(needed_replicas(rate[lead + m * 60:lead + (m + 1) * 60],
+                                                 audio[lead + m * 60:lead + (m + 1) * 60], cfg, prof)))
+                   for m in range(minutes)],
     }
     return RunResult(scaler.name, trace.name, seed, requests_n,
                      float(1 - m_bad.sum() / max(1, requests_n)), float(good_minutes.mean()),
                      int((~good_minutes).sum()), gpu_s / 3600, len(events) / hours, reversals / hours,
-                     recovery, rejected, drop, series)
+                     rejected, drop, dict(trace.params), series)
 
 
-def make_scaler(name: str, cfg: SimConfig, trace: Trace, settings: Settings | None = None) -> Any:
+def make_scaler(name: str, cfg: SimConfig, trace: Trace, prof: profiles.Profile | None = None,
+                settings: Settings | None = None) -> Any:
+    prof = prof or load_profile(cfg)
+    target = baseline_target(cfg, prof)
     if name == "policy":
-        return ProjectPolicy(settings or default_settings(cfg))
+        return ProjectPolicy(settings or default_settings(cfg, prof))
     if name == "hpa":
-        return HPA(cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
+        return HPA(target, cfg.min_replicas, cfg.max_replicas)
+    if name == "hpa-arrival":
+        return HPA(target, cfg.min_replicas, cfg.max_replicas, arrival=True, name="hpa-arrival")
     if name == "keda":
-        return KEDA(cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
+        return KEDA(target, cfg.min_replicas, cfg.max_replicas, arrival=True)
+    need = needed_replicas(trace.rate, trace.audio_s, cfg, prof)
     if name == "oracle":
-        return Oracle(list(trace.rate), cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
+        return Oracle(list(need), cfg.min_replicas, cfg.max_replicas)
     if name == "reactive-bound":
-        return ReactiveOracle(list(trace.rate), cfg.target_qps_per_replica, cfg.min_replicas, cfg.max_replicas)
+        return ReactiveOracle(list(need), cfg.min_replicas, cfg.max_replicas)
     if name == "static":
-        return Static(min(cfg.max_replicas, math.ceil(float(trace.rate.max()) / cfg.target_qps_per_replica - 1e-9)))
-    raise ValueError(name)
+        return Static(min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(float(need.max()) - 1e-9))))
+    raise ValueError(f"unknown policy {name!r}")
 
 
-def default_settings(cfg: SimConfig) -> Settings:
-    """The project's policy with the same SLO and target as the baselines, and the CRD's defaults."""
-    return Settings(min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas,
-                    target_qps_per_replica=cfg.target_qps_per_replica, target_p95_ms=cfg.slo_ms)
+def default_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
+    """The project's policy with the simulator's SLO and profile, and the CRD's defaults for the rest."""
+    return Settings(min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, target_p95_ms=cfg.slo_ms,
+                    profile=prof, cold_start_s=cfg.cold_start_s)
 
 
 # --- experiments and report -----------------------------------------------------------------------
 
-def run_one(args: tuple[str, str, int, SimConfig, float]) -> RunResult:
-    policy, kind, seed, cfg, scale = args
-    trace = make_trace(kind, seed, cfg, scale)
-    return simulate(trace, make_scaler(policy, cfg, trace), cfg, seed)
+Work = tuple[str, Trace, int, SimConfig]
 
 
-def run_all(traces: Sequence[str], policies: Sequence[str], seeds: Sequence[int], cfg: SimConfig,
-            scale: float = 1.0, jobs: int = 1, progress: Callable[[str], None] | None = None) -> list[RunResult]:
-    work = [(p, t, s, cfg, scale) for t in traces for s in seeds for p in policies]
+def run_one(work: Work) -> RunResult:
+    policy, trace, seed, cfg = work
+    prof = load_profile(cfg)
+    return simulate(trace, make_scaler(policy, cfg, trace, prof), cfg, seed, prof)
+
+
+def generated(families: Sequence[str], set_name: str, seeds: int, cfg: SimConfig) -> list[tuple[Trace, int]]:
+    prof = load_profile(cfg)
+    unit = prof.rate_at_slo(cfg.slo_ms / 1000, cfg.audio_s)
+    ts = traces.SETS[set_name]
+    return [(traces.generate(f, s, ts, unit, cfg.audio_s, cfg.minutes), s) for f in families for s in ts.seeds[:seeds]]
+
+
+def run_all(work_traces: Sequence[tuple[Trace, int]], policies: Sequence[str], cfg: SimConfig, jobs: int = 1,
+            progress: Callable[[str], None] | None = None) -> list[RunResult]:
+    work = [(p, t, s, cfg) for t, s in work_traces for p in policies]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(run_one, work, chunksize=2))
-    else:
-        results = []
-        for w in work:
-            results.append(run_one(w))
-            if progress:
-                progress(f"{w[1]} seed {w[2]} {w[0]}")
+            return list(pool.map(run_one, work, chunksize=1))
+    results = []
+    for w in work:
+        results.append(run_one(w))
+        if progress:
+            progress(f"{w[1].name} seed {w[2]} {w[0]}")
     return results
 
 
 def summarize(results: Sequence[RunResult]) -> list[dict[str, Any]]:
-    """Means over seeds per (trace, policy), with over-provisioning against the oracle of the same seed."""
+    """Means over seeds per (trace, policy), with GPU-hours over the oracle's of the same trace."""
     oracle = {(r.trace, r.seed): r.gpu_hours for r in results if r.policy == "oracle"}
     rows = []
     for trace in dict.fromkeys(r.trace for r in results):
@@ -370,16 +389,15 @@ def summarize(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             if not rs:
                 continue
             over = [r.gpu_hours / oracle[(trace, r.seed)] - 1 for r in rs if (trace, r.seed) in oracle]
-            rec = [r.recovery_s for r in rs if r.recovery_s is not None]
             drops = [r.outage_drop for r in rs if r.outage_drop is not None]
             rows.append({
                 "trace": trace, "policy": policy, "seeds": len(rs),
                 "request_attainment": float(np.mean([r.request_attainment for r in rs])),
                 "minute_attainment": float(np.mean([r.minute_attainment for r in rs])),
+                "min_minute_attainment": float(np.min([r.minute_attainment for r in rs])),
                 "violating_minutes": float(np.mean([r.violating_minutes for r in rs])),
                 "gpu_hours": float(np.mean([r.gpu_hours for r in rs])),
                 "over_oracle": float(np.mean(over)) if over else None,
-                "recovery_s": float(np.mean(rec)) if rec else None,
                 "scale_events_per_hour": float(np.mean([r.scale_events_per_hour for r in rs])),
                 "reversals_per_hour": float(np.mean([r.reversals_per_hour for r in rs])),
                 "outage_drop_max": int(max(drops)) if drops else None,
@@ -388,31 +406,29 @@ def summarize(results: Sequence[RunResult]) -> list[dict[str, Any]]:
 
 
 def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets, per trace: Pareto against HPA, attainment floors, flaps, outage."""
+    """The targets, per trace: Pareto against HPA, against the static pool, floors, flaps, outage."""
     out = []
     by = {(r["trace"], r["policy"]): r for r in rows}
-    floors = {"diurnal": 0.99, "poisson": 0.99, "step": 0.95}
     for trace in dict.fromkeys(r["trace"] for r in rows):
-        p, h = by.get((trace, "policy")), by.get((trace, "hpa"))
-        if not p or not h:
+        p, h, st = by.get((trace, "policy")), by.get((trace, "hpa")), by.get((trace, "static"))
+        if not p:
             continue
-        fewer_viol = p["violating_minutes"] * 2 <= h["violating_minutes"] or \
-            (h["violating_minutes"] == 0 and p["violating_minutes"] == 0)
-        gpu_ratio = p["gpu_hours"] / h["gpu_hours"] if h["gpu_hours"] else float("inf")
-        pareto = (fewer_viol and gpu_ratio <= 1.05) or (gpu_ratio <= 0.8 and
-                                                       p["minute_attainment"] >= h["minute_attainment"])
-        v: dict[str, Any] = {"trace": trace, "pareto_vs_hpa": pareto, "gpu_vs_hpa": gpu_ratio,
-                             "violating_minutes": (p["violating_minutes"], h["violating_minutes"])}
-        if trace in floors:
-            v["attainment_floor"] = floors[trace]
-            v["meets_floor"] = p["minute_attainment"] >= floors[trace]
-            bound = by.get((trace, "reactive-bound"))
-            if bound:  # can reacting meet the floor at all (the rate known at once, the cold start paid)?
-                v["reactive_bound_attainment"] = bound["minute_attainment"]
-                v["floor_reachable_by_reacting"] = bound["minute_attainment"] >= floors[trace]
+        v: dict[str, Any] = {"trace": trace}
+        if h:
+            pv, hv = p["violating_minutes"], h["violating_minutes"]
+            gpu_ratio = p["gpu_hours"] / h["gpu_hours"] if h["gpu_hours"] else float("inf")
+            fewer = pv * 2 <= hv if hv > 0 else pv == 0
+            v.update(violating_minutes=[round(pv, 2), round(hv, 2)], gpu_vs_hpa=round(gpu_ratio, 3),
+                     pareto_vs_hpa=(fewer and gpu_ratio <= 1.05) or (gpu_ratio <= 0.8 and pv <= hv))
+        if st:
+            v.update(gpu_vs_static=round(p["gpu_hours"] / st["gpu_hours"], 3),
+                     beats_static=p["violating_minutes"] <= st["violating_minutes"] and
+                     p["gpu_hours"] < st["gpu_hours"])
+        if trace == "periodic":
+            v.update(minute_attainment=round(p["minute_attainment"], 4), meets_99=p["minute_attainment"] >= 0.99)
         if trace == "poisson":
             v["zero_reversals"] = p["reversals_per_hour"] == 0
-        if trace == "outage":
+        if p["outage_drop_max"] is not None:
             v["held_during_outage"] = p["outage_drop_max"] == 0
         out.append(v)
     return out
@@ -429,27 +445,29 @@ def _fmt(v: Any, pct: bool = False) -> str:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| trace | policy | requests ≤ SLO | minutes p95 ≤ SLO | violating min | GPU-hours | vs oracle | "
-             "recovery s | scale ev/h | reversals/h | outage drop |",
+    lines = ["| trace | policy | requests ≤ SLO | minutes p95 ≤ SLO | worst seed | violating min | GPU-hours | "
+             "vs oracle | scale ev/h | reversals/h | outage drop |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['trace']} | {r['policy']} | {_fmt(r['request_attainment'], True)} | "
-                     f"{_fmt(r['minute_attainment'], True)} | {r['violating_minutes']:.1f} | {r['gpu_hours']:.2f} | "
+                     f"{_fmt(r['minute_attainment'], True)} | {_fmt(r['min_minute_attainment'], True)} | "
+                     f"{r['violating_minutes']:.1f} | {r['gpu_hours']:.2f} | "
                      f"{_fmt(r['over_oracle'], True) if r['over_oracle'] is not None else '—'} | "
-                     f"{_fmt(r['recovery_s'])} | {r['scale_events_per_hour']:.1f} | {r['reversals_per_hour']:.1f} | "
+                     f"{r['scale_events_per_hour']:.1f} | {r['reversals_per_hour']:.1f} | "
                      f"{_fmt(r['outage_drop_max'])} |")
     return "\n".join(lines)
 
 
-def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, seed: int) -> list[Path]:
+def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, pick: dict[str, int]) -> list[Path]:
+    """One figure per trace (the seed in ``pick``): offered load, replicas, p95 per minute."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
-    colors = {"policy": "tab:blue", "hpa": "tab:red", "keda": "tab:orange", "oracle": "tab:green",
-              "static": "tab:gray", "reactive-bound": "tab:purple"}
-    for trace in dict.fromkeys(r.trace for r in results):
+    colors = {"policy": "tab:blue", "hpa": "tab:red", "hpa-arrival": "tab:pink", "keda": "tab:orange",
+              "oracle": "tab:green", "static": "tab:gray", "reactive-bound": "tab:purple"}
+    for trace, seed in pick.items():
         rs = [r for r in results if r.trace == trace and r.seed == seed]
         if not rs:
             continue
@@ -460,16 +478,18 @@ def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, seed: int) -> 
         for r in rs:
             ax[1].plot(minutes, r.series["replicas"], label=r.policy, color=colors.get(r.policy))
             ax[2].plot(minutes, np.minimum(r.series["p95_ms"], 60000), label=r.policy, color=colors.get(r.policy))
+        ax[1].plot(minutes, rs[0].series["needed"], color="black", linestyle=":", label="needed")
         ax[1].set_ylabel("replicas (incl. warming)")
         ax[2].set_ylabel("p95 latency per minute (ms)")
         ax[2].axhline(cfg.slo_ms, linestyle="--", color="black", linewidth=0.8)
         ax[2].set_yscale("log")
         ax[2].set_xlabel("minute")
-        ax[1].legend(loc="upper left", fontsize=8, ncol=5)
-        ax[0].set_title(f"trace {trace}, seed {seed}")
+        ax[1].legend(loc="upper left", fontsize=8, ncol=4)
+        params = ", ".join(f"{k} {v}" for k, v in rs[0].params.items() if k != "file")
+        ax[0].set_title(f"{trace}: {params}", fontsize=9)
         fig.tight_layout()
-        path = out / f"autoscaling-{trace}.png"
-        fig.savefig(path, dpi=80)
+        path = out / f"autoscaling-{trace}-{seed}.png"
+        fig.savefig(path, dpi=72)
         plt.close(fig)
         paths.append(path)
     return paths
@@ -485,24 +505,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(ap.parse_args(argv), time.perf_counter)
 
 
+def _outages(specs: Sequence[str]) -> list[tuple[float, float]]:
+    out = []
+    for spec in specs:
+        try:
+            a, b = (float(x) for x in spec.split(":"))
+        except ValueError:
+            raise ValueError(f"--outage {spec!r}: expected START:END in seconds, e.g. 1800:2400") from None
+        out.append((a, b))
+    return out
+
+
+def load_traces(args: Any, cfg: SimConfig) -> list[tuple[Trace, int]]:
+    outages = _outages(args.outage)
+    path = args.trace_file
+    if args.from_prometheus:
+        path = args.save_trace or "prometheus-trace.csv"
+        traces.export_prometheus(args.from_prometheus, args.query, traces.parse_duration(args.range),
+                                 traces.parse_duration(args.step), args.audio_query, path)
+        print(f"wrote {path}")
+    if path:
+        return [(traces.read_csv(path, cfg.audio_s, outages), s) for s in range(args.seeds)]
+    if outages:
+        raise ValueError("--outage applies to --trace-file or --from-prometheus traces")
+    return generated(args.traces.split(","), args.set, args.seeds, cfg)
+
+
 def run_cli(args: Any, clock: Callable[[], float]) -> int:
+    import sys
+
     cfg = SimConfig(**{k: getattr(args, k) for k in SimConfig.__dataclass_fields__})
+    try:
+        load_profile(cfg)
+        work = load_traces(args, cfg)
+        policies = args.policies.split(",")
+        for p in policies:
+            if p not in ("policy", "hpa", "hpa-arrival", "keda", "static", "oracle", "reactive-bound"):
+                raise ValueError(f"unknown policy {p!r}")
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     t0 = clock()
-    results = run_all(args.traces.split(","), args.policies.split(","), list(range(args.seeds)), cfg,
-                      args.scale, args.jobs)
+    results = run_all(work, policies, cfg, args.jobs)
     rows = summarize(results)
-    table = markdown_table(rows)
-    print(table)
     checks = verdicts(rows)
-    for v in checks:
-        print(json.dumps(v))
-    print(f"{len(results)} runs in {clock() - t0:.0f} s")
+    if args.json:
+        print(json.dumps({"rows": rows, "verdicts": checks}, indent=1))
+    else:
+        print(markdown_table(rows))
+        for v in checks:
+            print(json.dumps(v))
+        print(f"{len(results)} runs in {clock() - t0:.0f} s")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.md").write_text(table + "\n")
-        (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "rows": rows, "verdicts": checks,
-                                                      "runs": [replace(r, series={}).__dict__ for r in results]},
-                                                     indent=1, default=str))
-        plot(results, out, cfg, seed=0)
+        (out / "results.md").write_text(markdown_table(rows) + "\n")
+        (out / "results.json").write_text(json.dumps(
+            {"config": asdict(cfg), "set": None if args.trace_file or args.from_prometheus else args.set,
+             "rows": rows, "verdicts": checks, "runs": [replace(r, series={}).__dict__ for r in results]},
+            indent=1, default=str))
+        plot(results, out, cfg, {t.name: s for t, s in reversed(work)})
     return 0

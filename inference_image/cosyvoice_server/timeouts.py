@@ -1,0 +1,86 @@
+"""Read timeouts that uvicorn lacks: slow clients must not hold connections or request slots.
+
+- Headers: a connection that has not sent a complete request head within `header_timeout_s` of
+  connecting (or of starting its next request on a kept-alive connection) is closed. Without it a
+  slowloris client holds a socket and a parser per connection for as long as it likes.
+- Body: a request whose body has not fully arrived within `body_timeout_s` of its headers gets a 408
+  in OpenAI's error shape and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from asyncio import TimerHandle
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .api.errors import APIError
+
+
+def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a deadline for each request head (pass as `Config(http=...)`)."""
+
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
+        _head_timer: TimerHandle | None = None
+
+        def _arm(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+class BodyTimeoutMiddleware:
+    """ASGI middleware: the whole request body must arrive within `timeout_s` of the request head."""
+
+    def __init__(self, app, timeout_s: float) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        deadline = time.monotonic() + self.timeout_s
+        body_done = False
+
+        async def timed_receive():
+            nonlocal body_done
+            if body_done:  # later receives wait for a disconnect, which has no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise APIError(408, f"The request body did not arrive within {self.timeout_s:g} s.",
+                               code="request_timeout", headers={"Connection": "close"}) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        await self.app(scope, timed_receive, send)

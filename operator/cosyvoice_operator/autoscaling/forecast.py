@@ -1,0 +1,95 @@
+"""Forecasting a service's arrival rate from its own history: a recurring pattern, then a trend.
+
+Pure Python (the operator's image has no numpy); the series are short (one sample a minute over a
+few hours). The history is the service's arrival rate as Prometheus has it
+(``sum(rate(cosyvoice_requests_total[1m]))`` over ``lookbackSeconds``), oldest first, evenly spaced.
+
+* ``detect_period``: the lag with the highest autocorrelation among its local maxima, between
+  ``min_period_s`` and half the history (two whole periods must have been seen). A pattern is used
+  only when its autocorrelation reaches ``min_correlation``: successive periods must look alike.
+* ``seasonal``: the value one period ago at each future step (seasonal naive), averaged over the
+  periods seen, scaled by the level now against the level one period ago (a growing service keeps
+  its shape). That is what pre-warms for the next peak and what stops a scale-down from removing
+  replicas a recurring peak will need within the cold start.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Season:
+    period_s: float
+    correlation: float
+
+
+def _acf(x: Sequence[float], lag: int) -> float:
+    n = len(x) - lag
+    if n <= 1:
+        return 0.0
+    a, b = x[:n], x[lag:]
+    ma, mb = sum(a) / n, sum(b) / n
+    va = sum((v - ma) ** 2 for v in a)
+    vb = sum((v - mb) ** 2 for v in b)
+    if va <= 0 or vb <= 0:
+        return 0.0
+    return sum((p - ma) * (q - mb) for p, q in zip(a, b)) / math.sqrt(va * vb)
+
+
+def detect_period(series: Sequence[float], step_s: float, min_period_s: float, min_correlation: float,
+                  noise_var: float = 0.0) -> Season | None:
+    """The recurring period of ``series`` (None: none strong enough, or too little history).
+
+    ``noise_var`` is the variance counting noise alone gives the series (a Poisson rate measured over a
+    window): a series that varies less than four times that (a swing under twice the noise) has no
+    pattern to find, however its noise happens to correlate over a few samples.
+    """
+    lo = max(2, int(math.ceil(min_period_s / step_s)))
+    hi = len(series) // 2
+    if hi <= lo + 1:
+        return None
+    mean = sum(series) / len(series)
+    if sum((v - mean) ** 2 for v in series) / len(series) < 4 * noise_var:
+        return None
+    acf = [_acf(series, lag) for lag in range(lo - 1, hi + 2)]
+    best: tuple[float, int] | None = None
+    for i in range(1, len(acf) - 1):
+        lag = lo - 1 + i
+        if acf[i] >= acf[i - 1] and acf[i] >= acf[i + 1] and lag <= hi and (best is None or acf[i] > best[0]):
+            best = (acf[i], lag)
+    if best is None or best[0] < min_correlation:
+        return None
+    # the peak between samples (a parabola through the three around it): a period off by a fraction of a
+    # step drifts a whole step every few periods
+    i = best[1] - (lo - 1)
+    a, b, c = acf[i - 1], acf[i], acf[i + 1]
+    shift = 0.5 * (a - c) / (a - 2 * b + c) if (a - 2 * b + c) < 0 else 0.0
+    return Season((best[1] + max(-0.5, min(0.5, shift))) * step_s, best[0])
+
+
+def seasonal(series: Sequence[float], step_s: float, season: Season, horizon_s: float,
+             level_window_s: float = 300.0) -> list[float]:
+    """Forecast of the next ``horizon_s`` (one value per step, the first one step ahead)."""
+    period = season.period_s / step_s  # in samples, fractional
+    p = int(round(period))
+    n = len(series)
+    w = max(1, int(round(level_window_s / step_s)))
+    now_level = sum(series[-w:]) / w
+    then = series[max(0, n - p - w):n - p]
+    level = now_level / (sum(then) / len(then)) if then and sum(then) > 0 else 1.0
+    level = min(2.0, max(0.5, level))  # a level change is a scale, not a new pattern
+
+    def at(x: float) -> float:  # linear interpolation between samples
+        i = int(math.floor(x))
+        return series[i] + (series[i + 1] - series[i]) * (x - i) if i + 1 < n else series[i]
+
+    out = []
+    for h in range(1, int(math.ceil(horizon_s / step_s)) + 1):
+        # each period seen, at this phase and one sample either side (the period is known to about a
+        # sample): the highest of them, so a peak is not forecast late or low because the cycles jitter
+        past = [at(x) for k in range(1, int(n // period) + 1) for d in (-1, 0, 1)
+                if 0 <= (x := n - 1 + h - k * period + d) < n]
+        out.append(level * max(past) if past else now_level)
+    return out

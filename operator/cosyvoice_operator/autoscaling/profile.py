@@ -1,0 +1,167 @@
+"""A replica's measured capacity (``bench.capacity``) and the load one replica can take within a latency SLO.
+
+A profile holds, for a few request lengths (mean audio seconds per request), the closed-loop latency
+at each concurrency up to the server's batch size. Read as a model of one replica:
+
+* a request admitted with ``c`` requests in service (itself included, ``c ≤ max_batch_size``) takes
+  ``mean_latency_s(c, audio_s)`` on average, lognormally spread (``sigma``, from the measured p95/p50);
+  beyond the batch size requests queue, served at the full batch's throughput;
+* the simulator replays exactly that, and the policy sizes replicas with the queue it implies:
+  ``rate_at_slo`` is the Poisson arrival rate per replica at which the p95 of response time meets the
+  objective (a birth-death chain with the measured, load-dependent service rate; arrivals see its
+  stationary state). Kubernetes Services spread requests at random, so each replica sees a Poisson
+  share of the service's arrivals, and the replicas needed are ``arrivals / rate_at_slo``.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROFILES = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "tiny-cpu"
+Z95 = 1.6448536269514722  # standard normal quantile of 0.95
+
+
+@dataclass(frozen=True)
+class Length:
+    audio_s: float
+    concurrency: tuple[int, ...]
+    latency_s: tuple[float, ...]  # mean latency at each concurrency
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    max_batch_size: int
+    max_queue_size: int
+    lengths: tuple[Length, ...]  # sorted by audio_s
+    sigma: float  # lognormal spread of one request's latency around the mean
+
+    def mean_latency_s(self, concurrency: float, audio_s: float) -> float:
+        c = min(max(concurrency, 1.0), float(self.max_batch_size))
+        values = [_interp(c, L.concurrency, L.latency_s) for L in self.lengths]
+        xs = [L.audio_s for L in self.lengths]
+        if len(xs) == 1:
+            return values[0] * audio_s / xs[0]
+        # linear in the audio length (extrapolated past the measured lengths: the work is per token),
+        # never below a fifth of the shortest measured request (fixed per-request costs)
+        i = min(max(bisect.bisect_left(xs, audio_s), 1), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], values[i - 1], values[i]
+        return max(0.2 * values[0], y0 + (y1 - y0) * (audio_s - x0) / (x1 - x0))
+
+    def throughput(self, concurrency: int, audio_s: float) -> float:
+        """Completions per second with ``concurrency`` requests in service (the queue's service rate)."""
+        c = min(concurrency, self.max_batch_size)
+        return c / self.mean_latency_s(c, audio_s)
+
+    def p95_s(self, rate: float, audio_s: float) -> float:
+        """The p95 of response time for Poisson arrivals at ``rate`` per second to one replica."""
+        return _p95(self, round(rate, 3), round(audio_s, 2))
+
+    def rate_at_slo(self, slo_s: float, audio_s: float) -> float:
+        """The highest arrival rate per replica whose p95 response time is within ``slo_s`` (0: never)."""
+        return _rate_at_slo(self, round(slo_s, 4), round(audio_s, 1))
+
+
+def _interp(x: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[-1]
+
+
+def _ln_cdf(t: float, mean: float, sigma: float) -> float:
+    if t <= 0:
+        return 0.0
+    mu = math.log(mean) - sigma * sigma / 2
+    return 0.5 * (1 + math.erf((math.log(t) - mu) / (sigma * math.sqrt(2))))
+
+
+def _states(p: Profile, rate: float, audio_s: float) -> list[tuple[float, float, float]]:
+    """(probability an arrival finds n in the system, its mean service time, its queueing wait) per n."""
+    b = p.max_batch_size
+    weights, out, w = [], [], 1.0
+    full = p.throughput(b, audio_s)
+    for n in range(b + p.max_queue_size):
+        if n > 0:
+            w *= rate / p.throughput(min(n, b), audio_s)
+        weights.append(w)
+        service = p.mean_latency_s(min(n + 1, b), audio_s)
+        wait = 0.0 if n < b else (n - b + 1) / full
+        out.append((w, service, wait))
+        if n > b and w < 1e-7 * max(weights):
+            break
+    total = sum(weights)
+    return [(w / total, s, q) for w, s, q in out]
+
+
+@functools.lru_cache(maxsize=4096)
+def _p95(p: Profile, rate: float, audio_s: float) -> float:
+    if rate >= p.throughput(p.max_batch_size, audio_s):
+        return math.inf
+    states = _states(p, rate, audio_s)
+
+    def cdf(t: float) -> float:
+        return sum(pr * _ln_cdf(t - q, s, p.sigma) for pr, s, q in states)
+
+    lo, hi = 0.0, max(s + q for _, s, q in states) * 10
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < 0.95 else (lo, mid)
+    return hi
+
+
+@functools.lru_cache(maxsize=4096)
+def _rate_at_slo(p: Profile, slo_s: float, audio_s: float) -> float:
+    full = p.throughput(p.max_batch_size, audio_s)
+    lo, hi = 0.0, full * 0.999
+    if p.p95_s(1e-6, audio_s) > slo_s:
+        return 0.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p.p95_s(mid, audio_s) <= slo_s else (lo, mid)
+    return lo
+
+
+def from_dict(raw: dict[str, Any], batching: Any = None) -> Profile:
+    """A profile from ``bench.capacity``'s JSON; ``batching`` (max_batch_size, max_queue_size) overrides the
+    measured server's, e.g. with a CR's own ``spec.batching``."""
+    bsize = int(getattr(batching, "max_batch_size", None) or raw["batching"]["max_batch_size"])
+    qsize = int(getattr(batching, "max_queue_size", None) or raw["batching"]["max_queue_size"])
+    lengths, spreads = [], []
+    for points in raw["lengths"].values():
+        points = sorted((p for p in points if p["concurrency"] <= raw["batching"]["max_batch_size"]
+                         and p.get("requests")), key=lambda p: p["concurrency"])
+        if not points:
+            continue
+        lengths.append(Length(float(sum(p["audio_s"] for p in points) / len(points)),
+                              tuple(int(p["concurrency"]) for p in points),
+                              tuple(p["latency_mean_ms"] / 1000 for p in points)))
+        spreads += [math.log(p["latency_p95_ms"] / p["latency_p50_ms"]) / Z95 for p in points
+                    if p["latency_p95_ms"] > p["latency_p50_ms"] > 0]
+    if not lengths:
+        raise ValueError(f"capacity profile {raw.get('name')!r} has no measured points")
+    sigma = max(0.05, sum(spreads) / len(spreads)) if spreads else 0.3
+    return Profile(str(raw.get("name", "custom")), bsize, qsize, tuple(sorted(lengths, key=lambda L: L.audio_s)),
+                   sigma)
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in PROFILES.glob("*.json"))
+
+
+def load(name_or_path: str = DEFAULT_PROFILE, batching: Any = None) -> Profile:
+    """A bundled profile by name (``tiny-cpu``), or a JSON file written by ``python -m bench.capacity``."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES / f"{name_or_path}.json"
+        if not path.exists():
+            raise ValueError(f"unknown capacity profile {name_or_path!r}; bundled: {', '.join(names())}")
+    return from_dict(json.loads(path.read_text()), batching)
