@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -59,8 +60,9 @@ class SpeechRequest(BaseModel):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("input must contain some text, not only whitespace")
-        # The limit holds for the text the model reads: NFKC expands some characters up to 18-fold.
-        if (n := len(normalize(v))) > MAX_INPUT_CHARS:
+        # The limit holds for the text at its widest: NFKC expands some characters up to 18-fold (the
+        # frontend keeps full-width forms, as upstream, but a character like U+FDFA is still a whole phrase).
+        if (n := len(unicodedata.normalize("NFKC", normalize(v)))) > MAX_INPUT_CHARS:
             raise ValueError(f"input is {n} characters after Unicode (NFKC) normalization; the limit is {MAX_INPUT_CHARS}")
         return v
 
