@@ -46,7 +46,8 @@ TESTS = [
     "tests/operator/test_op_apply.py", "tests/operator/test_op_capacity.py", "tests/operator/test_op_status.py",
     "tests/operator/test_op_status_body.py", "tests/operator/test_op_status_conditions.py",
     "tests/operator/test_op_render.py", "tests/operator/test_op_probes.py", "tests/operator/test_op_crd.py",
-    "tests/operator/test_op_validation.py", "tests/operator/test_op_owner.py",
+    "tests/operator/test_op_validation.py", "tests/operator/test_op_owner.py", "tests/operator/test_op_render_fetch.py",
+    "tests/operator/test_op_secrets_used.py",
     "tests/autoscaling/test_policy.py", "tests/autoscaling/test_policy_percent.py", "tests/autoscaling/test_policy_from_spec.py",
     "tests/autoscaling/test_prometheus_queries.py",
 ]

@@ -161,7 +161,7 @@ def assess(request: GpuRequest, nodes: list[Obj], pods: list[Obj]) -> Assessment
     excluded: list[str] = []
     advertised = False  # does any node offer the resource at all (excluded or not)?
     for node in nodes:
-        allocatable = quantity.count(((node.get("status") or {}).get("allocatable") or {}).get(request.resource, 0))
+        allocatable = quantity.count(((node.get("status") or {}).get("allocatable") or {}).get(request.resource))
         if allocatable <= 0:
             continue
         advertised = True
@@ -183,8 +183,7 @@ def assess(request: GpuRequest, nodes: list[Obj], pods: list[Obj]) -> Assessment
     if total >= request.replicas:
         return Assessment("True", "Sufficient", head + where + tail, total, names)
     if not advertised:
-        return Assessment("False", "NoNodeAdvertisesResource",
-                          f"{head}: {_advertised_elsewhere(nodes, request)}", 0, ())
+        return Assessment("False", "NoNodeAdvertisesResource", f"{head}: {_advertised_elsewhere(nodes, request)}")
     return Assessment("False", "InsufficientCapacity", head + where + tail, total, names)
 
 

@@ -215,3 +215,8 @@ def test_last_applied_is_compact_and_independent_of_key_order() -> None:
     record = a["metadata"]["annotations"][apply.LAST_APPLIED_ANNOTATION]
     assert record == b["metadata"]["annotations"][apply.LAST_APPLIED_ANNOTATION]
     assert record == '{"metadata":{"name":"x"},"spec":{"a":[1,2],"b":1}}'
+
+
+def test_last_applied_is_recorded_on_an_object_without_metadata_too() -> None:
+    annotated = apply.with_last_applied({"kind": "ConfigMap", "data": {"a": "1"}})
+    assert apply.last_applied_of(annotated) == {"kind": "ConfigMap", "data": {"a": "1"}}

@@ -127,6 +127,8 @@ def test_tolerations_follow_kubernetes_matching() -> None:
     ("NVIDIA-H200", "H200-141GB"), ("H200-141GB", "H200-141GB"), ("NVIDIA-H200-NVL", "H200-141GB"),
     ("NVIDIA-H100-NVL", "H100-94GB"), ("NVIDIA-A30", "A30-24GB"), ("NVIDIA-A30-MIG-1g.6gb", "A30-24GB"),
     ("NVIDIA-B200", "B200-180GB"), ("NVIDIA-GB200", "GB200-189GB"),
+    ("NVIDIA-GH200-144GB-HBM3e", "H200-141GB"), ("NVIDIA-H100-PCIe-94GB", "H100-94GB"),
+    ("nvidia-h100-nvl", "H100-94GB"),  # labels are matched case-insensitively
     ("NVIDIA-A40", None), ("NVIDIA-L4", None), ("Tesla-T4", None),
 ])
 def test_gpu_products_map_to_catalog_families(label: str, family: str | None) -> None:

@@ -77,6 +77,13 @@ CASES: list[tuple[str, Observed, tuple[Any, ...]]] = [
     ("no-capacity", obs(deployment=dep(ready=0), capacity=Assessment("False", "MIGProfileNotOffered", "no 9g.99gb")),
      (("False", "InsufficientCapacity", "no 9g.99gb"), ("True", "RollingOut", "0/2 replicas updated"),
       HEALTHY, ("False", "MIGProfileNotOffered", "no 9g.99gb"))),
+    ("a-new-deployment-not-yet-observed", obs(desired=1, deployment={"metadata": {"generation": 1}, "status": {}}),
+     (("False", "WaitingForReplicas", f"0/1 {WARMING}"),
+      ("True", "RolloutPending", "the Deployment controller has not observed the latest change yet"),
+      HEALTHY, NOT_ASSESSED)),
+    ("one-of-two-during-a-rollout", obs(desired=2, deployment=dep(ready=1, updated=2, total=2), max_unavailable=1),
+     (("True", "MinimumReplicasAvailable", "1/2 replicas ready"), ("True", "WaitingForReplicas", "1/2 replicas ready"),
+      HEALTHY, NOT_ASSESSED)),
     ("a-failing-pod-while-others-serve", obs(desired=3, deployment=dep(ready=2, updated=3, total=3),
                                              pods=[waiting("p", "CrashLoopBackOff", "back-off")]),
      (("True", "MinimumReplicasAvailable", "2/3 replicas ready"), ("True", "WaitingForReplicas", "2/3 replicas ready"),
@@ -125,6 +132,13 @@ def test_several_pods_failing_the_same_way_are_counted() -> None:
          "lastState": {"terminated": {"exitCode": 2, "message": "bad flag"}}}]}},
      ("CrashLoopBackOff", "r", "bad flag")),
     ({"status": {"phase": "Failed", "reason": "Evicted"}}, ("Evicted", "?", "")),
+    ({"metadata": {"name": "u"}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}, ("Unschedulable", "u", "")),
+    ({"metadata": {"name": "i"}, "status": {"initContainerStatuses": [
+        {"name": "other", "state": {"waiting": {"reason": "ErrImagePull"}}}]}}, ("ErrImagePull", "i", "")),
+    (waiting("c", "CrashLoopBackOff", ""), ("CrashLoopBackOff", "c", "")),
+    (waiting("c", "CrashLoopBackOff", "back-off 5m", last={"exitCode": 1, "message": "model.yaml not found"}),
+     ("CrashLoopBackOff", "c", "back-off 5m (last exit: model.yaml not found)")),
 ])
 def test_pod_problems_name_the_pod_and_the_cause(pod: dict, problem: tuple[str, str, str]) -> None:
     assert [(p.reason, p.pod, p.message) for p in pod_problems([pod])] == [problem]
@@ -189,3 +203,12 @@ ENOUGH = C("CapacityAvailable", "True", "Sufficient", "7 allocatable")
 ])
 def test_events_an_sre_sees(previous: list[Condition], current: list[Condition], events: list[tuple[str, str, str]]) -> None:
     assert transitions({c.type: c for c in previous}, current) == events
+
+
+def test_every_failing_container_is_reported_and_unknown_reasons_sort_last() -> None:
+    pod = {"metadata": {"name": "p"}, "status": {"initContainerStatuses": [
+        {"name": "fetch-model", "state": {"terminated": {"exitCode": 1, "message": "404"}}},
+        {"name": "sidecar-init", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "m"}}}]}}
+    lost = {"metadata": {"name": "q"}, "status": {"phase": "Failed", "reason": "NodeLost", "message": "gone"}}
+    problems = [(x.reason, x.pod, x.message) for x in pod_problems([lost, pod])]
+    assert problems == [("ImagePullBackOff", "p", "m"), ("ModelFetchFailed", "p", "404"), ("NodeLost", "q", "gone")]

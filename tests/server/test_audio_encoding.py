@@ -79,3 +79,24 @@ def test_whole_files_use_the_codec_their_format_names(fmt: str, subtype: str) ->
     """An `opus` answer must be Opus in Ogg (libsndfile's default for Ogg would be Vorbis)."""
     info = sf.info(io.BytesIO(encode(tone(0.5), SR, fmt)))
     assert (info.subtype, info.samplerate, info.channels) == (subtype, SR, 1)
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "aac", "opus", "flac"])
+def test_streamed_compressed_audio_leaves_chunk_by_chunk_and_decodes_to_its_length(fmt: str) -> None:
+    """Each 0.2 s chunk yields bytes at once (no 32 KiB muxer buffer in front of the listener), and
+    the stream's timestamps add up: the decoded stream is as long as the audio sent."""
+    enc = StreamEncoder(fmt, SR)
+    audio = tone(2.0)
+    parts = [enc.header()]
+    sizes = []
+    for start in range(0, len(audio), 4800):
+        data = enc.chunk(audio[start:start + 4800])
+        sizes.append(len(data))
+        parts.append(data)
+    parts.append(enc.close())
+    assert sum(1 for n in sizes if n > 0) >= len(sizes) - 2  # the codec's own lookahead may hold the first
+    import av
+    with av.open(io.BytesIO(b"".join(parts))) as container:
+        decoded = sum(frame.samples for frame in container.decode(audio=0))
+        rate = container.streams.audio[0].rate
+    assert abs(decoded / rate - 2.0) < 0.08

@@ -53,10 +53,20 @@ def test_a_partial_batch_waits_for_upstream_requests_but_not_past_the_delay() ->
     a, other = Req(), Req()
     q = queue_of((a, "a1"))
     t0 = time.monotonic()
-    batch = q.take_batch(8, 0.3, lambda: {id(a), id(other)})
+    batch = q.take_batch(8, 0.2, lambda: {id(a), id(other)})
     waited = time.monotonic() - t0
     assert [i.payload for i in batch] == ["a1"]
-    assert 0.25 <= waited < 2.0
+    assert 0.18 <= waited < 0.9
+
+
+def test_a_wake_up_during_the_wait_does_not_restart_the_delay() -> None:
+    a, b, c, other = Req(), Req(), Req(), Req()
+    q = queue_of((a, "a1"))
+    threading.Timer(0.2, lambda: q.put(WorkItem(b, "b1"))).start()  # wakes the taker; `other` is still upstream
+    t0 = time.monotonic()
+    batch = q.take_batch(8, 0.4, lambda: {id(a), id(b), id(c), id(other)})
+    assert [i.payload for i in batch] == ["a1", "b1"]
+    assert time.monotonic() - t0 < 0.65  # 0.4 s from the oldest item, not 0.4 s from the wake-up
 
 
 def test_work_arriving_during_the_wait_joins_the_batch() -> None:

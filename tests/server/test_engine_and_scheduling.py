@@ -170,3 +170,24 @@ def test_continuous_batching_joins_and_leaves_without_changing_results(pipeline)
         p.llm.step(batch)
     assert seqs[0].tokens == alone[0][: len(seqs[0].tokens)]
     assert seqs[1].tokens[:12] == alone[1][:12] and seqs[2].tokens[:12] == alone[2][:12]
+
+
+def test_stitcher_crossfade_is_equal_power_and_output_stays_float32():
+    st = Stitcher(481)
+    first = st.push(np.ones(1000, np.float32), 0, False)
+    out = st.push(-np.ones(1000, np.float32), 481, True)
+    assert first.dtype == np.float32 and out.dtype == np.float32
+    assert out[240] == pytest.approx(0.0, abs=1e-6)  # halfway through the seam both chunks weigh 0.5 (sin² + cos² = 1)
+    assert len(first) + len(out) == 1000 + 1000 - 481
+
+
+def test_stitcher_keeps_length_with_chunks_shorter_than_the_overlap_and_starts_clean_after_the_end():
+    st = Stitcher(960)
+    signal = np.arange(3000, dtype=np.float32)
+    out = [st.push(signal[:500], 0, False)]  # shorter than the overlap: all held back
+    out.append(st.push(signal[200:900], 300, False))  # re-synthesizes 300 samples of the held tail
+    out.append(st.push(signal[600:3000], 300, True))
+    stream = np.concatenate(out)
+    np.testing.assert_allclose(stream, signal, atol=1e-3)
+    fresh = st.push(np.full(10, 7, np.float32), 0, True)  # a new segment: nothing left over from the last
+    np.testing.assert_array_equal(fresh, np.full(10, 7, np.float32))

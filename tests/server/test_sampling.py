@@ -71,3 +71,31 @@ def test_repetition_fallback_at_its_exact_threshold(history: list[int], falls_ba
         assert 0.9 < np.mean(tokens == 0) < 1.0 and set(tokens.tolist()) - {0}
     else:
         assert set(tokens.tolist()) == {0}
+
+
+def test_confident_logits_sample_like_small_ones() -> None:
+    """Softmax must not overflow for the large logits a confident LLM produces."""
+    probs = np.array([0.5, 0.3, 0.15, 0.05, 1e-30])
+    logits = (np.log(probs) + 800.0)[None, :].repeat(2000, axis=0)
+    tokens = sample_tokens(logits, [[] for _ in range(2000)], [np.random.default_rng(i) for i in range(2000)],
+                           np.ones(2000, bool), eos=EOS, top_k=25, top_p=0.7, win_size=10, tau_r=0.1)
+    assert shares(tokens) == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0, 0.0], abs=0.04)
+    fallback = sample_tokens(logits[:400], [[0]] * 400, [np.random.default_rng(i) for i in range(400)],
+                             np.ones(400, bool), eos=EOS, top_k=1, top_p=1.0, win_size=10, tau_r=0.1)
+    assert set(fallback.tolist()) == {0, 1, 2, 3}  # the full distribution, no NaN
+
+
+def test_the_fallback_never_ends_speech_before_the_minimum_length() -> None:
+    n = 400
+    logits = np.log(np.array([0.4, 0.01, 0.01, 0.01, 0.57]))[None, :].repeat(n, axis=0)  # eos most likely
+    tokens = sample_tokens(logits, [[0, 0]] * n, [np.random.default_rng(i) for i in range(n)], np.zeros(n, bool),
+                           eos=EOS, top_k=1, top_p=1.0, win_size=10, tau_r=0.1)
+    assert EOS not in tokens.tolist() and len(set(tokens.tolist())) > 1
+
+
+def test_sampling_leaves_the_callers_logits_alone() -> None:
+    logits = np.log(np.array([[0.4, 0.3, 0.2, 0.1, 0.0001]]))
+    before = logits.copy()
+    sample_tokens(logits, [[]], [np.random.default_rng(0)], np.array([False]), eos=EOS, top_k=25, top_p=0.9,
+                  win_size=10, tau_r=0.1)
+    np.testing.assert_array_equal(logits, before)
