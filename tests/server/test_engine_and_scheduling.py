@@ -172,22 +172,24 @@ def test_continuous_batching_joins_and_leaves_without_changing_results(pipeline)
     assert seqs[1].tokens[:12] == alone[1][:12] and seqs[2].tokens[:12] == alone[2][:12]
 
 
-def test_stitcher_crossfade_is_equal_power_and_output_stays_float32():
-    st = Stitcher(481)
-    first = st.push(np.ones(1000, np.float32), 0, False)
-    out = st.push(-np.ones(1000, np.float32), 481, True)
-    assert first.dtype == np.float32 and out.dtype == np.float32
-    assert out[240] == pytest.approx(0.0, abs=1e-6)  # halfway through the seam both chunks weigh 0.5 (sin² + cos² = 1)
-    assert len(first) + len(out) == 1000 + 1000 - 481
+def test_seam_output_stays_float32_and_fades_with_upstreams_hamming_halves():
+    hop, cache = 480, 8
+    window = np.hamming(2 * cache * hop)
+    n = cache * hop
+    first, c = seam(np.ones(20 * hop, np.float32), np.zeros(20 * hop, np.float32), np.zeros((80, 20), np.float32), None,
+                    False, cache, hop, window)
+    out, c2 = seam(-np.ones(9 * hop, np.float32), np.zeros(9 * hop, np.float32), np.zeros((80, 9), np.float32), c, True,
+                   cache, hop, window)
+    assert first.dtype == np.float32 and out.dtype == np.float32 and c2 is None
+    np.testing.assert_allclose(out[:n], (window[n:] - window[:n]).astype(np.float32), atol=1e-6)  # old out, new in
+    assert out[0] == pytest.approx(1.0 - 0.08, abs=1e-3) and out[n - 1] == pytest.approx(0.08 - 1.0, abs=1e-3)
+    assert len(first) + len(out) == 20 * hop + 9 * hop - n  # the re-vocoded cache frames are not doubled
 
 
-def test_stitcher_keeps_length_with_chunks_shorter_than_the_overlap_and_starts_clean_after_the_end():
-    st = Stitcher(960)
-    signal = np.arange(3000, dtype=np.float32)
-    out = [st.push(signal[:500], 0, False)]  # shorter than the overlap: all held back
-    out.append(st.push(signal[200:900], 300, False))  # re-synthesizes 300 samples of the held tail
-    out.append(st.push(signal[600:3000], 300, True))
-    stream = np.concatenate(out)
-    np.testing.assert_allclose(stream, signal, atol=1e-3)
-    fresh = st.push(np.full(10, 7, np.float32), 0, True)  # a new segment: nothing left over from the last
-    np.testing.assert_array_equal(fresh, np.full(10, 7, np.float32))
+def test_a_segment_shorter_than_the_cache_still_ends_cleanly_and_the_next_starts_fresh():
+    hop, cache = 480, 8
+    window = np.hamming(2 * cache * hop)
+    # a final chunk with no cache (a one-chunk segment, shorter than the cache): all of it, nothing held
+    out, c = seam(np.full(3 * hop, 0.5, np.float32), np.zeros(3 * hop, np.float32), np.zeros((80, 3), np.float32), None,
+                  True, cache, hop, window)
+    assert c is None and len(out) == 3 * hop and np.all(out == 0.5)
