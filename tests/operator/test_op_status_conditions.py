@@ -137,6 +137,8 @@ def test_several_pods_failing_the_same_way_are_counted() -> None:
     ({"metadata": {"name": "i"}, "status": {"initContainerStatuses": [
         {"name": "other", "state": {"waiting": {"reason": "ErrImagePull"}}}]}}, ("ErrImagePull", "i", "")),
     (waiting("c", "CrashLoopBackOff", ""), ("CrashLoopBackOff", "c", "")),
+    ({"metadata": {"name": "c"}, "status": {"containerStatuses": [
+        {"name": "server", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}, ("CrashLoopBackOff", "c", "")),
     (waiting("c", "CrashLoopBackOff", "back-off 5m", last={"exitCode": 1, "message": "model.yaml not found"}),
      ("CrashLoopBackOff", "c", "back-off 5m (last exit: model.yaml not found)")),
 ])

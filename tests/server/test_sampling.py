@@ -99,3 +99,20 @@ def test_sampling_leaves_the_callers_logits_alone() -> None:
     sample_tokens(logits, [[]], [np.random.default_rng(0)], np.array([False]), eos=EOS, top_k=25, top_p=0.9,
                   win_size=10, tau_r=0.1)
     np.testing.assert_array_equal(logits, before)
+
+
+def test_rows_of_very_different_scale_sample_independently() -> None:
+    """One batch, one confident row and one flat one: each row's softmax is its own."""
+    flat = np.log(np.array([0.25, 0.25, 0.25, 0.25, 1e-30]))
+    rows = np.stack([flat, flat + 900.0] * 200)
+    tokens = sample_tokens(rows, [[] for _ in range(400)], [np.random.default_rng(i) for i in range(400)],
+                           np.ones(400, bool), eos=EOS, top_k=25, top_p=1.0, win_size=10, tau_r=0.1)
+    assert set(tokens[0::2].tolist()) == set(tokens[1::2].tolist()) == {0, 1, 2, 3}
+
+
+def test_the_fallback_may_end_speech_once_allowed() -> None:
+    n = 400
+    logits = np.log(np.array([0.57, 0.01, 0.01, 0.01, 0.4]))[None, :].repeat(n, axis=0)
+    tokens = sample_tokens(logits, [[0, 0]] * n, [np.random.default_rng(i) for i in range(n)], np.ones(n, bool),
+                           eos=EOS, top_k=1, top_p=1.0, win_size=10, tau_r=0.1)
+    assert 0.3 < float(np.mean(tokens == EOS)) < 0.5  # the full distribution, eos included
