@@ -2,7 +2,7 @@
 
 mutmut expects the packages under ``src/`` and the tests under ``tests/`` of the directory it runs
 in, so the two packages and the fast unit tests of these modules are staged in ``.mutation/``
-(mtimes kept, so mutmut's cache of earlier results stays valid for unchanged files). Only the
+(mtimes kept). Only the
 modules in ``MODULES`` are mutated and only ``TESTS`` run. Survivors listed in
 ``tests/mutation-equivalents.txt`` (a mutant name and a one-line reason: the mutant behaves like
 the original) are excluded from the score; every other survivor is printed with its diff.
@@ -96,11 +96,8 @@ def stage() -> None:
     config = PYPROJECT.format(only=json.dumps([f"src/{m}" for m in MODULES]), tests=json.dumps(TESTS),
                               also=json.dumps(REPO_FILES))
     pyproject = STAGE / "pyproject.toml"
-    before = pyproject.read_text() if pyproject.exists() else ""
-    if before != config:
+    if not pyproject.exists() or pyproject.read_text() != config:
         pyproject.write_text(config)
-    if before.split("\n", 3)[:3] != config.split("\n", 3)[:3]:
-        shutil.rmtree(STAGE / "mutants", ignore_errors=True)  # other modules to mutate: generate afresh
 
 
 def in_scope(mutant: str) -> str | None:
@@ -199,6 +196,9 @@ def main() -> int:
     modules = [m for m in MODULES if not args.module or any(s in m for s in args.module)]
     stage()
     if not args.report_only:
+        # mutmut copies the packages into mutants/ once and keeps files it finds there: start from the
+        # current code every time (each run re-tests every mutant anyway)
+        shutil.rmtree(STAGE / "mutants", ignore_errors=True)
         log = STAGE / "mutmut.log"
         print(f"mutmut: {len(modules)} modules, {args.jobs} at a time; progress in {log.relative_to(ROOT)}", flush=True)
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
