@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import mig
+from . import mig, quantity
 from .constants import (
     API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, HEALTH_PATH,
     KIND, LABEL_COMPONENT, LABEL_GPU_PRODUCT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
@@ -17,7 +17,7 @@ from .constants import (
     TMP_MOUNT,
 )
 from .server_settings import env as setting_env
-from .spec import CosyVoiceServiceSpec
+from .spec import CosyVoiceServiceSpec, Storage
 
 Obj = dict[str, Any]
 
@@ -215,7 +215,9 @@ def fetch_container(spec: CosyVoiceServiceSpec) -> Obj | None:
     storage = spec.storage
     if storage is None or storage.storage_uri is None:
         return None
-    command = [*FETCH_COMMAND, "--uri", storage.storage_uri, "--dest", MODEL_MOUNT]
+    # A model bigger than its volume would get the pod evicted mid-fetch; fetch refuses it with a reason instead.
+    max_bytes = int(quantity.parse(model_volume_size(storage)))
+    command = [*FETCH_COMMAND, "--uri", storage.storage_uri, "--dest", MODEL_MOUNT, "--max-bytes", str(max_bytes)]
     if storage.sha256:
         command += ["--sha256", storage.sha256]
     container: Obj = {
@@ -234,6 +236,11 @@ def fetch_container(spec: CosyVoiceServiceSpec) -> Obj | None:
     return container
 
 
+def model_volume_size(storage: Storage) -> int | str:
+    """The fetched model's emptyDir size limit: the CR's ``storage.sizeLimit`` or the default."""
+    return storage.size_limit if storage.size_limit is not None else DEFAULT_MODEL_SIZE_LIMIT
+
+
 def volumes(spec: CosyVoiceServiceSpec) -> list[Obj]:
     vols: list[Obj] = [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}]
     storage = spec.storage
@@ -241,8 +248,7 @@ def volumes(spec: CosyVoiceServiceSpec) -> list[Obj]:
         vols.append({"name": "model", "persistentVolumeClaim": {
             "claimName": storage.pvc.claim_name, "readOnly": storage.pvc.read_only}})
     elif storage is not None:
-        size = storage.size_limit if storage.size_limit is not None else DEFAULT_MODEL_SIZE_LIMIT
-        vols.append({"name": "model", "emptyDir": {"sizeLimit": size}})
+        vols.append({"name": "model", "emptyDir": {"sizeLimit": model_volume_size(storage)}})
     if spec.api_key_secret is not None:
         vols.append({"name": "api-key", "secret": {
             "secretName": spec.api_key_secret.name,

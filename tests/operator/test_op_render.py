@@ -157,7 +157,7 @@ def test_storage_uri_is_fetched_by_an_init_container_into_a_size_limited_volume(
     p = pod(spec)
     (fetch,) = p["initContainers"]
     assert fetch["command"] == ["cosyvoice-server", "fetch", "--uri", "s3://bucket/cosyvoice2.tar.gz",
-                                "--dest", "/models", "--sha256", "ab" * 32]
+                                "--dest", "/models", "--max-bytes", str(20 * 2**30), "--sha256", "ab" * 32]
     assert fetch["image"] == server(spec)["image"]
     assert fetch["envFrom"] == [{"secretRef": {"name": "s3"}}]
     assert {"name": "model", "mountPath": "/models"} in fetch["volumeMounts"]

@@ -40,3 +40,14 @@ def test_the_version_label_is_the_image_tag_when_it_is_a_valid_label_value(image
     assert r.image_version(image) == version
     labels = r.common_labels("tts", parse_spec({"image": image}))
     assert labels.get("app.kubernetes.io/version") == version
+
+
+@pytest.mark.parametrize(("size_limit", "max_bytes"), [
+    (None, 20 * 2**30), ("1.5Gi", 3 * 2**29), ("500M", 500 * 10**6), (4_000_000_000, 4_000_000_000), ("2e9", 2 * 10**9)])
+def test_fetch_refuses_a_model_larger_than_its_volume(size_limit, max_bytes) -> None:
+    storage = {"storageUri": "https://models.example/m.tar.gz"} | ({"sizeLimit": size_limit} if size_limit else {})
+    spec = parse_spec({"storage": storage})
+    command = r.fetch_container(spec)["command"]
+    assert command[command.index("--max-bytes") + 1] == str(max_bytes)
+    model = next(v for v in r.volumes(spec) if v["name"] == "model")
+    assert model["emptyDir"]["sizeLimit"] == (size_limit or "20Gi")
