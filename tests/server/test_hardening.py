@@ -177,6 +177,20 @@ def test_a_stalled_body_gets_408_in_openai_shape(start_server):
     assert b'"code":"request_timeout"' in payload
 
 
+def test_a_client_that_hangs_up_mid_body_ends_quietly(server):
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as c:
+            c.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"model\":")
+            time.sleep(0.2)  # the handler is waiting for the rest of the body
+    deadline = time.monotonic() + 5
+    while 'cosyvoice_requests_total{code="499"' not in server.metrics():
+        assert time.monotonic() < deadline, "hang-ups mid-body are not counted as 499"
+        time.sleep(0.1)
+    assert "Traceback" not in server.log()
+    assert httpx.post(server.url + "/v1/audio/speech", json=body(), timeout=30).status_code == 200
+
+
 async def test_drain_timeout_answers_503_in_openai_shape(start_server):
     s = start_server("--drain-timeout-s", "0.3")
     async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:

@@ -11,6 +11,7 @@ import time
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 from pydantic import ValidationError
 
 from ..audio import FORMATS, StreamEncoder, encode
@@ -185,6 +186,9 @@ async def create_speech(request: Request) -> Response:
                            f"{s.settings.max_audio_seconds:g} s per request. Split the text into several requests.",
                            param="input", code="input_too_long")
         s.scheduler.submit(req)
+    except ClientDisconnect:  # hung up while sending the body: nothing was accepted, nobody reads an answer
+        s.record(499, started)
+        return Response(status_code=499)
     except Overloaded as exc:
         s.record(429, started)
         raise APIError(429, str(exc).capitalize() + ".", type="rate_limit_error", code="server_overloaded",
