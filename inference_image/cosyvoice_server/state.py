@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +58,9 @@ class ServerState:
     async def warm_up(self) -> None:
         """One real synthesis through every stage, so the first user request pays no lazy init."""
         req = self.new_request(SpeechRequest(model=self.model_id, input=WARMUP_TEXT, seed=0))
+        # Not bound by --request-timeout-s: an expired request is dropped without a Done, which would
+        # leave start-up waiting forever on a slow device; the startup probe bounds start-up instead.
+        req.deadline = math.inf
         self.scheduler.submit(req)
         while not isinstance(item := await req.out.get(), Done):
             pass

@@ -214,3 +214,10 @@ def test_doctor_reports_runtime_and_what_cuda_lacks():
     assert "NVIDIA driver:" in r.stdout
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         assert "--device cuda: NOT usable" in r.stdout and "onnxruntime-gpu" in r.stdout
+
+
+def test_a_request_timeout_shorter_than_warm_up_does_not_stop_start_up(start_server):
+    # Warm-up synthesises a sentence, which takes longer than 10 ms on any device.
+    s = start_server("--request-timeout-s", "0.01")
+    r = httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
