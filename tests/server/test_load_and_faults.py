@@ -114,12 +114,14 @@ def metric(s, name: str) -> float:
 
 def test_client_disconnect_frees_its_slot(start_server):
     """The slot is freed because the client left, not because the synthesis ran to its end: the slot
-    must be free within a second of the hang-up, and far less audio than the whole request must have
-    been synthesized (the request, slowed-down speech, runs several times longer than the 0.3 s the
-    client waits)."""
+    must be free well before the whole request would have finished (a second, or 40 % of its time on a
+    loaded machine), and far less audio than the whole request must have been synthesized (the
+    request, slowed-down speech, runs several times longer than the 0.3 s the client waits)."""
     s = start_server("--max-batch-size", "1", "--max-queue-size", "0")
     slow = body(LONG, speed=0.5)
+    t0 = time.monotonic()
     full = httpx.post(s.url + "/v1/audio/speech", json=slow, timeout=120)
+    bound = max(1.0, 0.4 * (time.monotonic() - t0))
     assert full.status_code == 200
     full_audio_s = float(full.headers["x-audio-duration-seconds"])
     for stream in (True, False):
@@ -133,9 +135,9 @@ def test_client_disconnect_frees_its_slot(start_server):
                 with pytest.raises(httpx.ReadTimeout):
                     c.post("/v1/audio/speech", json=slow, timeout=0.3)
         hung_up = time.monotonic()
-        while time.monotonic() - hung_up < 1.0 and metric(s, "cosyvoice_inflight_requests") != 0:
+        while time.monotonic() - hung_up < bound and metric(s, "cosyvoice_inflight_requests") != 0:
             time.sleep(0.02)
-        assert metric(s, "cosyvoice_inflight_requests") == 0, f"stream={stream}: slot still held after 1 s"
+        assert metric(s, "cosyvoice_inflight_requests") == 0, f"stream={stream}: slot still held after {bound:.1f} s"
         produced = metric(s, "cosyvoice_audio_seconds_total") - before
         assert produced < 0.6 * full_audio_s, f"stream={stream}: {produced:.1f} of {full_audio_s:.1f} s synthesized"
         assert httpx.post(s.url + "/v1/audio/speech", json=body("Short."), timeout=30).status_code == 200
