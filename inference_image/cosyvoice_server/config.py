@@ -28,6 +28,7 @@ class Settings(BaseModel):
     max_queue_size: int = Field(64, ge=0, le=100_000, description="requests that may wait for an LLM slot; beyond it new requests get 429")
     request_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline per request (504 when exceeded)")
     max_audio_seconds: float = Field(600.0, gt=0, le=86_400, description="longest audio one request may produce; longer input gets 400 and generation stops there")
+    stream_max_kv_mib: float = Field(64.0, gt=0, le=65_536, description="most KV cache one streamed-text session may hold for its text since the last flush; a session that needs more is ended with an error")
     header_timeout_s: float = Field(10.0, gt=0, le=3600, description="a connection that has not sent complete request headers within this is closed")
     body_timeout_s: float = Field(30.0, gt=0, le=3600, description="a request body not received completely within this gets 408")
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="after SIGTERM, how long accepted requests may take to finish")

@@ -13,9 +13,10 @@ from .config import Settings
 from .engine.pipeline import Pipeline
 from .model.manifest import voice_aliases
 from .metrics import Metrics
-from .scheduling.request import Done, Outcome, SynthesisRequest
+from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
 from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .streaming import ChunkPlanner
+from .streamtext import StreamTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ class ServerState:
         self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts)
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
-        self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size),
-                                   self.metrics)
+        self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
+                                                                  int(s.stream_max_kv_mib * (1 << 20))), self.metrics)
         self.scheduler.start()
 
     async def warm_up(self) -> None:
@@ -93,6 +94,33 @@ class ServerState:
             planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
                                  len(voice.prompt_speech_tokens), chunked),
             max_tokens=self.token_bounds(segments, body.speed)[1],
+        )
+
+    def new_bistream_request(self, voice: str | None = None, seed: int | None = None,
+                             instructions: str | None = None) -> SynthesisRequest:
+        """A session whose text arrives through `req.feed` (push / flush / end); submit it as usual. Its
+        out queue gets audio chunks, a SegmentDone after each segment, then Done. `voice` is a voice or
+        alias (None: the default); ValueError for an unknown one."""
+        p = self.pipeline
+        m = p.manifest
+        st = m.streaming
+        name = self.voice(voice)
+        if name is None:
+            raise ValueError(f"unknown voice {voice!r}")
+        if instructions:
+            raise ValueError("instructions are not supported with streamed text input")
+        v = p.voices[name]
+        return SynthesisRequest(
+            segments=[],
+            voice=v,
+            speed=1.0,
+            seed=seed,
+            deadline=float("inf"),  # a session's deadline is its feed's: see TextFeed
+            loop=asyncio.get_running_loop(),
+            planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
+                                 len(v.prompt_speech_tokens), True),
+            max_tokens=max(1, int(self.settings.max_audio_seconds * m.token_rate)),  # per segment
+            feed=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s),
         )
 
     def token_bounds(self, segments: list, speed: float) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..model.manifest import LLM as LLMSpec
+from .bistream import SOS, SPEECH, TASK, TEXT, Interleave, Item, Phase
 from .device_ops import KVOps
 from .runtime import Runtime
 from .sampling import sample_tokens
@@ -32,6 +33,14 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     pos: int = 0
     done: bool = False
+    bistream: Interleave | None = None  # streamed text: the input schedule (None: whole text, `prompt` is all of it)
+    kv: list[ort.OrtValue] | None = None  # the cache of a sequence out of the batch (a parked bistream segment)
+    kv_mask: np.ndarray | None = None  # [P] its attention mask (1 = real position)
+
+    @property
+    def waiting(self) -> bool:
+        """A bistream segment that asked for more text (a fill token): it leaves the batch with its cache."""
+        return self.bistream is not None and self.bistream.phase == Phase.WAITING
 
 
 @dataclass
@@ -53,6 +62,8 @@ class LLMEngine:
         self.speech_embedding = embeddings["speech_embedding"]
         self.sos, self.task = embeddings["llm_embedding"][0], embeddings["llm_embedding"][1]
         self.eos = spec.speech_token_size
+        self.fill = spec.speech_token_size + 2  # Qwen2LM's fill_token: "more text, please"
+        self.kv_bytes_per_position = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4  # float32 K and V
         self._empty_kv = np.zeros((0, spec.num_kv_heads, 0, spec.head_dim), np.float32)
 
     # Building a sequence ---------------------------------------------------------------------
@@ -71,6 +82,18 @@ class LLMEngine:
             rng=rng,
             owner=owner,
         )
+
+    def bistream_sequence(self, prompt_text: np.ndarray, prompt_speech: np.ndarray, rng: np.random.Generator,
+                          owner: Any) -> Sequence:
+        """A segment of streamed text; its input comes block by block from `Interleave.next_block`."""
+        schedule = Interleave(prompt_text.tolist(), prompt_speech.tolist(), self.fill)
+        return Sequence(prompt=np.zeros((0, self.sos.shape[0]), np.float32), min_len=0, max_len=0, rng=rng, owner=owner,
+                        bistream=schedule)
+
+    def embed(self, items: list[Item]) -> np.ndarray:
+        table = {SOS: lambda _: self.sos, TASK: lambda _: self.task, TEXT: self.text_embedding.__getitem__,
+                 SPEECH: self.speech_embedding.__getitem__}
+        return np.stack([table[kind](i) for kind, i in items]).astype(np.float32)
 
     # Running ---------------------------------------------------------------------------------
     def _run(self, embeds: np.ndarray, mask: np.ndarray, pos: np.ndarray, past: list[ort.OrtValue] | None) -> tuple[np.ndarray, list[ort.OrtValue]]:
@@ -92,14 +115,32 @@ class LLMEngine:
 
     def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> None:
         s = self.spec.sampling
-        allow_eos = np.array([len(q.tokens) >= q.min_len for q in seqs])
-        tokens = sample_tokens(logits, [q.tokens for q in seqs], [q.rng for q in seqs], allow_eos, self.eos,
-                               s.top_k, s.top_p, s.win_size, s.tau_r)
-        for q, t in zip(seqs, tokens):
-            if t >= self.eos:  # eos or one of the fill tokens: upstream's stop_token_ids
+        forced = [q.bistream is not None and q.bistream.forced() for q in seqs]
+        rows = [i for i, f in enumerate(forced) if not f]  # a forced fill draws nothing, as upstream
+        picked = np.full(len(seqs), self.fill, np.int64)
+        if rows:
+            sub = [seqs[i] for i in rows]
+            lg = logits[rows]
+            interleaved = np.array([q.bistream is not None and q.bistream.phase == Phase.INTERLEAVED for q in sub])
+            if interleaved.any():  # upstream raises on speech_token_size + 1 here; never draw it
+                lg = lg.copy()
+                lg[interleaved, self.eos + 1] = -np.inf
+            # whole text: eos from min_len on; bistream: never between text groups, always at the end (upstream)
+            allow_eos = np.array([len(q.tokens) >= q.min_len if q.bistream is None else q.bistream.phase == Phase.FINAL
+                                  for q in sub])
+            histories = [q.tokens if q.bistream is None else q.bistream.history for q in sub]
+            picked[rows] = sample_tokens(lg, histories, [q.rng for q in sub], allow_eos, self.eos, s.top_k, s.top_p,
+                                         s.win_size, s.tau_r)
+        for q, t in zip(seqs, picked):
+            t = int(t)
+            if q.bistream is not None:
+                if q.bistream.decided(t, self.eos):
+                    q.tokens.append(t)
+                q.done = q.bistream.phase == Phase.DONE or (q.bistream.phase == Phase.FINAL and len(q.tokens) >= q.max_len)
+            elif t >= self.eos:  # eos or one of the fill tokens: upstream's stop_token_ids
                 q.done = True
             else:
-                q.tokens.append(int(t))
+                q.tokens.append(t)
                 q.done = len(q.tokens) >= q.max_len
 
     def prefill(self, seqs: list[Sequence]) -> Batch:
@@ -118,6 +159,38 @@ class LLMEngine:
         logits, kv = self._run(embeds, mask, pos, None)
         self._sample(seqs, logits)
         return Batch(list(seqs), kv, mask)
+
+    def resume(self, seqs: list[Sequence]) -> Batch:
+        """Runs each parked sequence's next input block over its own cache (caches left-padded to one
+        length, blocks right-aligned after them) and samples the next tokens: a prefill with a past."""
+        parts = None
+        for q in seqs:
+            part = Batch([q], q.kv, q.kv_mask[None])
+            parts = self.merge(parts, part)
+            q.kv = q.kv_mask = None
+        s = max(len(q.prompt) for q in seqs)
+        h = seqs[0].prompt.shape[1]
+        embeds = np.zeros((len(seqs), s, h), np.float32)
+        block_mask = np.zeros((len(seqs), s), np.int64)
+        pos = np.zeros((len(seqs), s), np.int64)
+        for i, q in enumerate(seqs):
+            n = len(q.prompt)
+            embeds[i, s - n :] = q.prompt
+            block_mask[i, s - n :] = 1
+            pos[i, s - n :] = q.pos + np.arange(n)
+            q.pos += n
+        mask = np.concatenate([parts.mask, block_mask], axis=1)
+        logits, kv = self._run(embeds, mask, pos, parts.kv)
+        self._sample(seqs, logits)
+        return Batch(list(seqs), kv, mask)
+
+    def park(self, batch: Batch, rows: list[int]) -> None:
+        """Copies the rows' caches out of the batch (onto their sequences), without their left padding."""
+        for r in rows:
+            start = int(np.argmax(batch.mask[r]))
+            q = batch.seqs[r]
+            q.kv = self.ops.kv_select(batch.kv, np.asarray([r]), start)
+            q.kv_mask = batch.mask[r, start:].copy()
 
     def step(self, batch: Batch) -> None:
         """One decode step for every row: feeds each row's last token, samples the next."""

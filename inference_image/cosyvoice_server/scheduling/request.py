@@ -1,17 +1,22 @@
 """One speech request as the scheduler sees it: its inputs, its per-request streaming state and the
-asyncio queue its HTTP handler reads audio from."""
+asyncio queue its handler reads audio from. A request with a `TextFeed` is a bistream session: its text
+arrives while it runs."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
 from ..engine.pipeline import Voice
+from ..streamtext import StreamTokenizer
 from ..streaming import ChunkPlanner, HiftCache
 
 _ids = itertools.count(1)
@@ -23,6 +28,7 @@ class Outcome(str, Enum):
     CANCELLED = "cancelled"
     FAILED = "failed"
     SHUTDOWN = "shutdown"  # the drain deadline passed before it finished
+    LIMIT = "limit"  # a bistream session's text since its last flush outgrew the session's KV cache bound
 
 
 def request_rngs(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
@@ -37,6 +43,115 @@ class Done:
     message: str = ""
 
 
+@dataclass
+class SegmentDone:
+    """After the last audio of a bistream segment (ended by a flush or the end of input): its usage."""
+
+    segment: int  # 0, 1, ... in the session
+    text_tokens: int
+    speech_tokens: int
+    audio_seconds: float
+    text_at: float  # time.monotonic() of the segment's first text delta
+    first_audio_at: float | None  # of its first audio sent (None: it produced none)
+    closed_at: float  # of the flush / end of input that closed it
+    done_at: float
+
+
+class FeedClosed(ValueError):
+    """Text or a flush after `end()`."""
+
+
+@dataclass
+class FeedSegment:
+    tokens: list[int] = field(default_factory=list)
+    chars: int = 0
+    text_at: float | None = None
+    closed_at: float | None = None
+
+
+class TextFeed:
+    """The text of a bistream session, as it arrives. Methods are called from the event loop; the LLM
+    stage reads committed text tokens per segment. Every call moves the session's deadline: text must
+    become audio within `timeout_s` of its arrival (a session waiting for text has no deadline; the
+    connection's idle timeout ends silent clients)."""
+
+    def __init__(self, tokenizer: StreamTokenizer, timeout_s: float) -> None:
+        self._tok = tokenizer
+        self._lock = threading.Lock()
+        self._segments: list[FeedSegment] = [FeedSegment()]
+        self._ended = False
+        self.timeout_s = timeout_s
+        self.deadline = math.inf
+        self.first_text_at: float | None = None
+        self.wake: Callable[[], None] = lambda: None  # set by the scheduler: text arrived
+
+    def _touch(self) -> float:
+        now = time.monotonic()
+        self.deadline = now + self.timeout_s
+        return now
+
+    def push(self, text: str) -> None:
+        """A text delta (any split, even mid-word)."""
+        with self._lock:
+            if self._ended:
+                raise FeedClosed("text after the end of input")
+            now = self._touch()
+            seg = self._segments[-1]
+            if text and seg.text_at is None:
+                seg.text_at = now
+                self.first_text_at = self.first_text_at or now
+            seg.chars += len(text)
+            seg.tokens.extend(self._tok.push(text))
+        self.wake()
+
+    def _close(self, now: float) -> None:
+        seg = self._segments[-1]
+        seg.tokens.extend(self._tok.flush())
+        if seg.tokens:  # a flush with nothing buffered is no segment
+            seg.closed_at = now
+            self._segments.append(FeedSegment())
+        else:
+            self._segments[-1] = FeedSegment()
+
+    def flush(self) -> None:
+        """End of a thought: what is buffered is spoken as at the end of input; later text starts a new segment."""
+        with self._lock:
+            if self._ended:
+                raise FeedClosed("flush after the end of input")
+            self._close(self._touch())
+        self.wake()
+
+    def end(self) -> None:
+        """No more text: the session finishes after its last segment."""
+        with self._lock:
+            if self._ended:
+                return
+            self._close(self._touch())
+            self._ended = True
+        self.wake()
+
+    # Called from the LLM stage ---------------------------------------------------------------
+    def segment(self, i: int) -> tuple[list[int], bool] | None:
+        """Segment i's committed text tokens so far and whether it is closed; None if it has not begun
+        and never will (the input ended before it)."""
+        with self._lock:
+            if i >= len(self._segments) or (self._ended and i == len(self._segments) - 1):
+                return None
+            seg = self._segments[i]
+            return list(seg.tokens), seg.closed_at is not None
+
+    def info(self, i: int) -> FeedSegment:
+        with self._lock:
+            return self._segments[i]
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def expired(self, now: float) -> bool:
+        return now >= self.deadline
+
+
 @dataclass(eq=False)
 class SynthesisRequest:
     segments: list[np.ndarray]
@@ -46,7 +161,8 @@ class SynthesisRequest:
     deadline: float  # time.monotonic() by which the last sample must be out
     loop: asyncio.AbstractEventLoop
     planner: ChunkPlanner
-    max_tokens: int  # speech tokens this request may produce at most (its output bound)
+    max_tokens: int  # speech tokens this request may produce at most (its output bound; per segment for a session)
+    feed: TextFeed | None = None  # a bistream session's text (None: the whole text is in `segments`)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -59,6 +175,8 @@ class SynthesisRequest:
     hift_cache: HiftCache | None = None
     first_audio_at: float | None = None
     samples: int = 0
+    segment_samples: int = 0  # audio samples sent for the current segment (the vocoder's thread)
+    segment_first_audio_at: float | None = None
     finished: Outcome | None = None
 
     def __post_init__(self) -> None:
@@ -66,13 +184,16 @@ class SynthesisRequest:
 
     # Called from worker threads ------------------------------------------------------------
     def expired(self, now: float) -> bool:
-        return now >= self.deadline
+        return self.feed.expired(now) if self.feed is not None else now >= self.deadline
 
     def push_audio(self, audio: np.ndarray) -> None:
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
         self.samples += len(audio)
         self.loop.call_soon_threadsafe(self.out.put_nowait, audio)
+
+    def push_segment_done(self, done: SegmentDone) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, done)
 
     def push_done(self, done: Done) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, done)

@@ -4,6 +4,13 @@ Each stage runs in its own thread, so the GPU (or CPU cores) overlap LLM decode 
 vocoder work for earlier chunks. The LLM batch changes between decode steps: waiting requests join
 (prefilled together, then merged into the running KV cache) and finished, cancelled or expired ones
 leave. Admission is bounded; a full server answers 429 at once instead of queueing without limit.
+
+Bistream sessions (text arriving while they run) share the same batch: a segment that asks for text
+(the fill token) with too little buffered leaves the batch with a copy of its KV cache ("parked": a
+cache, no batch slot) and rejoins when its text arrives, its next input block run over its own cache
+like a prefill, then merged back. Its speech tokens stream through the flow and vocoder batches like a
+streamed whole-text request's; a flush ends the segment, and later text starts a new one. A segment
+whose cache would pass `session_kv_limit_bytes` ends the session with Outcome.LIMIT.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..engine.bistream import Phase
 from ..engine.flow import FlowChunk, VocoderInput
 from ..engine.llm import Batch, Sequence
 from ..engine.pipeline import Pipeline
 from ..metrics import Metrics
 from ..streaming import Span, interpolate_mel, seam
 from .batching import StageQueue, WorkItem
-from .request import Done, Outcome, SynthesisRequest
+from .request import Done, Outcome, SegmentDone, SynthesisRequest
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +49,7 @@ class SchedulerConfig:
     max_batch_size: int = 16
     max_queue_delay_ms: float = 5.0
     max_queue_size: int = 64
+    session_kv_limit_bytes: int = 64 << 20  # one bistream session's KV cache (its text since the last flush)
 
     @property
     def capacity(self) -> int:
@@ -53,6 +62,7 @@ class _FlowWork:
     chunk: FlowChunk | None  # None: a final chunk with no new tokens (only the vocoder's held-back tail is left)
     segment_final: bool  # the segment's last chunk (upstream's finalize)
     final: bool  # the request's last chunk
+    usage: SegmentDone | None = None  # a bistream segment's last chunk: its usage, completed by the vocoder
 
 
 @dataclass
@@ -60,6 +70,7 @@ class _VocoderWork:
     mel: np.ndarray  # [80, chunk frames]
     segment_final: bool
     final: bool
+    usage: SegmentDone | None = None
 
 
 class Scheduler:
@@ -79,6 +90,11 @@ class Scheduler:
         self._active: dict[int, SynthesisRequest] = {}
         self._in_llm: set[int] = set()
         self._in_flow: dict[int, int] = {}
+        # Bistream sessions out of the batch, waiting for text, in the order they left it; each with the
+        # sequence of its current segment (its KV cache on it, or none before the segment's first input).
+        self._parked: dict[int, Sequence] = {}
+        self._text_arrived = False
+        self._kv_limit_positions = max(1, config.session_kv_limit_bytes // pipeline.llm.kv_bytes_per_position)
         self._flow_q = StageQueue()
         self._voc_q = StageQueue()
         self._stopping = False
@@ -124,11 +140,22 @@ class Scheduler:
             if len(self._active) >= self.cfg.capacity:
                 raise Overloaded(self.retry_after(), self.cfg.capacity)
             self._active[id(req)] = req
-            self._in_llm.add(id(req))
-            self._enqueued[id(req)] = time.monotonic()
-            self._waiting.append(req)
+            if req.feed is not None:  # a session starts parked: it runs once its text arrives
+                req.feed.wake = self._wake
+                self._park_locked(self._session_sequence(req))
+                self._text_arrived = True
+            else:
+                self._in_llm.add(id(req))
+                self._enqueued[id(req)] = time.monotonic()
+                self._waiting.append(req)
             self.m.inflight.set(len(self._active))
             self.m.queue_depth.labels("llm").set(len(self._waiting))
+            self._lock.notify_all()
+
+    def _wake(self) -> None:
+        """A session's text arrived (the event loop)."""
+        with self._lock:
+            self._text_arrived = True
             self._lock.notify_all()
 
     def release(self, req: SynthesisRequest, outcome: Outcome) -> None:
@@ -143,6 +170,8 @@ class Scheduler:
                 self.m.queue_depth.labels("llm").set(len(self._waiting))
             self._in_llm.discard(id(req))
             self._in_flow.pop(id(req), None)
+            if self._parked.pop(id(req), None) is not None:  # its parked KV cache goes now
+                self._parked_metrics()
             self.m.inflight.set(len(self._active))
             self._lock.notify_all()
         self._flow_q.poke()
@@ -184,46 +213,143 @@ class Scheduler:
         seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens)))  # the request's output bound
         return seq
 
+    # Bistream sessions (under self._lock unless said otherwise) -------------------------------
+    def _session_sequence(self, req: SynthesisRequest) -> Sequence:
+        v = req.voice
+        return self.p.llm.bistream_sequence(v.prompt_text_tokens, v.prompt_speech_tokens, req.rng, req)
+
+    def _parked_metrics(self) -> None:
+        self.m.parked_sessions.set(len(self._parked))
+        self.m.parked_kv_bytes.set(sum(len(q.kv_mask) for q in self._parked.values() if q.kv_mask is not None)
+                                   * self.p.llm.kv_bytes_per_position)
+
+    def _park_locked(self, q: Sequence) -> None:
+        self._parked[id(q.owner)] = q
+        self._in_llm.discard(id(q.owner))  # nothing more comes from it until the client sends text
+        self._parked_metrics()
+
+    def _limit_message(self) -> str:
+        mib = self.cfg.session_kv_limit_bytes / (1 << 20)
+        return (f"the text since the last flush needs more than this session's KV cache bound ({mib:g} MiB, "
+                f"{self._kv_limit_positions} positions); flush at the ends of sentences")
+
+    def _end_session(self, req: SynthesisRequest, outcome: Outcome, message: str) -> None:
+        """A session the scheduler itself ends (its handler only waits for Done)."""
+        if req.alive:
+            req.push_done(Done(outcome, message))
+            self.release(req, outcome)
+
+    def _take_ready_sessions(self, room: int) -> tuple[list[Sequence], list[SynthesisRequest]]:
+        """Parked sessions whose next input block is ready (up to `room`; the next block set as each
+        sequence's `prompt`), and sessions over their KV bound. Sessions whose input ended between
+        segments are finished here."""
+        ready, over = [], []
+        llm = self.p.llm
+        for key, q in list(self._parked.items()):
+            req: SynthesisRequest = q.owner
+            b = q.bistream
+            seg = req.feed.segment(req.segment)
+            if seg is None:  # no text after the last flush and the input has ended: the session is done
+                del self._parked[key]
+                req.llm_done = True
+                self._queue_flow(req, _FlowWork(None, True, True))
+                continue
+            tokens, closed = seg
+            b.add_text(tokens[b.text_tokens :])
+            if len(ready) >= room:
+                self._text_arrived = True  # look again once the batch has room
+                continue
+            block = b.next_block(closed)
+            if block is None:
+                continue
+            del self._parked[key]
+            if q.pos + len(block) > self._kv_limit_positions:
+                over.append(req)
+                continue
+            q.prompt = llm.embed(block)
+            if b.phase == Phase.FINAL:  # as the whole-text path bounds its decode: by the segment's text
+                q.max_len = max(len(q.tokens) + 1, min(int(b.text_tokens * llm.spec.max_token_text_ratio), req.max_tokens))
+            self._in_llm.add(key)
+            ready.append(q)
+        self._parked_metrics()
+        return ready, over
+
     def _llm_loop(self) -> None:
         llm = self.p.llm
         batch: Batch | None = None  # a restart after a failure starts empty: its requests were failed
         while True:
             with self._lock:
-                while batch is None and not self._waiting and not self._stopping:
+                while batch is None and not self._waiting and not self._text_arrived and not self._stopping:
                     self._lock.wait()
                 if self._stopping:
                     return
+                self._text_arrived = False
                 room = self.cfg.max_batch_size - (len(batch.seqs) if batch else 0)
+                sessions, over = self._take_ready_sessions(room)  # started work goes first
                 arrivals = []
-                while self._waiting and len(arrivals) < room:
+                while self._waiting and len(arrivals) + len(sessions) < room:
                     req = self._waiting.popleft()
                     waited = time.monotonic() - self._enqueued.pop(id(req), time.monotonic())
                     if req.alive:
                         arrivals.append(req)
                         self.m.queue_wait.labels("llm").observe(waited)
                 self.m.queue_depth.labels("llm").set(len(self._waiting))
-            if not arrivals and batch is None:
-                continue  # every arrival had hung up while it waited: nothing to run
+            for req in over:
+                self._end_session(req, Outcome.LIMIT, self._limit_message())
+            fresh = [self._sequence(r) for r in arrivals] + [q for q in sessions if q.kv is None]
+            resumed = [q for q in sessions if q.kv is not None]
+            if not fresh and not resumed and batch is None:
+                continue  # every arrival had hung up while it waited, or no session had enough text
             t0 = time.perf_counter()
-            if arrivals:
+            if fresh or resumed:
+                joining = [q.owner for q in fresh + resumed]
+                self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + joining
                 try:
-                    new = llm.prefill([self._sequence(r) for r in arrivals])
+                    new = [llm.prefill(fresh)] if fresh else []
+                    new += [llm.resume(resumed)] if resumed else []
                 except Exception:  # only the arrivals fail: the running batch's cache is untouched
-                    self._fail(arrivals, "llm")
+                    self._fail(joining, "llm")
                     continue
-                self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + arrivals
-                self._after_tokens(new.seqs)
-                batch = llm.merge(batch, new)
+                for part in new:
+                    self._after_tokens(part.seqs)
+                    batch = llm.merge(batch, part)
             else:
                 self._running["llm"] = [q.owner for q in batch.seqs]
                 self.m.batch_size.labels("llm").observe(len(batch.seqs))
                 llm.step(batch)
                 self._after_tokens(batch.seqs)
             self.m.stage_compute.labels("llm").observe(time.perf_counter() - t0)
-            now = time.monotonic()
-            keep = [i for i, q in enumerate(batch.seqs) if not q.done and q.owner.alive and not q.owner.expired(now)]
-            batch = llm.keep(batch, keep)
+            batch = self._settle(batch)
             self._running["llm"] = []
+
+    def _settle(self, batch: Batch) -> Batch | None:
+        """After a step: parks the segments that asked for text, ends sessions past their deadline or KV
+        bound, and drops every row that is done, cancelled or expired."""
+        llm = self.p.llm
+        now = time.monotonic()
+        keep, park = [], []
+        for i, q in enumerate(batch.seqs):
+            req: SynthesisRequest = q.owner
+            if q.done or not req.alive:
+                continue
+            if req.expired(now):
+                if req.feed is not None:
+                    self._end_session(req, Outcome.TIMEOUT, "the audio for the text sent did not finish within "
+                                      f"the request timeout of {req.feed.timeout_s:g} s")
+                continue
+            if q.bistream is not None and q.pos > self._kv_limit_positions:
+                self._end_session(req, Outcome.LIMIT, self._limit_message())
+                continue
+            (park if q.waiting else keep).append(i)
+        if park:
+            llm.park(batch, park)
+            with self._lock:
+                for i in park:
+                    q = batch.seqs[i]
+                    if q.owner.alive:  # released meanwhile: its copied cache is simply dropped
+                        self._park_locked(q)
+                self._text_arrived = True  # its text may already be there
+        return llm.keep(batch, keep)
 
     def _after_tokens(self, seqs: list[Sequence]) -> None:
         for q in seqs:
@@ -234,10 +360,14 @@ class Scheduler:
             req.tokens.extend(fresh)
             self.m.tokens.inc(len(fresh))
             segment = req.tokens[req.segment_offset :]
-            # the last segment, or the request's output bound reached: no further segments
-            last_segment = req.segment + 1 >= len(req.segments) or len(req.tokens) >= req.max_tokens
+            if req.feed is not None:
+                # a session's last segment: the input has ended and nothing came after this one
+                last_segment = q.done and req.feed.ended and req.feed.segment(req.segment + 1) is None
+            else:  # the last segment, or the request's output bound reached: no further segments
+                last_segment = req.segment + 1 >= len(req.segments) or len(req.tokens) >= req.max_tokens
             while (span := req.planner.next(len(segment), q.done)) is not None:
-                self._emit_flow(req, segment, span, span.final and last_segment)
+                self._emit_flow(req, segment, span, span.final and last_segment,
+                                self._usage(req, q) if span.final and req.feed is not None else None)
             if not q.done:
                 continue
             if not last_segment:
@@ -245,18 +375,29 @@ class Scheduler:
                 req.segment_offset = len(req.tokens)
                 req.planner.new_segment()
                 with self._lock:
-                    self._enqueued[id(req)] = time.monotonic()
-                    self._waiting.appendleft(req)  # next segment goes first: finish started work
+                    if req.feed is not None:
+                        self._park_locked(self._session_sequence(req))
+                        self._text_arrived = True
+                    else:
+                        self._enqueued[id(req)] = time.monotonic()
+                        self._waiting.appendleft(req)  # next segment goes first: finish started work
             else:
                 req.llm_done = True
                 with self._lock:
                     self._in_llm.discard(id(req))
                 self._flow_q.poke()
 
-    def _emit_flow(self, req: SynthesisRequest, segment: list[int], span: Span, final: bool) -> None:
+    def _usage(self, req: SynthesisRequest, q: Sequence) -> SegmentDone:
+        seg = req.feed.info(req.segment)
+        return SegmentDone(segment=req.segment, text_tokens=q.bistream.text_tokens, speech_tokens=len(q.tokens),
+                           audio_seconds=0.0, text_at=seg.text_at or 0.0, first_audio_at=None,
+                           closed_at=seg.closed_at or time.monotonic(), done_at=0.0)
+
+    def _emit_flow(self, req: SynthesisRequest, segment: list[int], span: Span, final: bool,
+                   usage: SegmentDone | None = None) -> None:
         """One upstream `token2wav` call: the flow over the prompt and all of the segment's tokens so far."""
         if span.final and span.end == span.offset:
-            self._queue_flow(req, _FlowWork(None, True, final))
+            self._queue_flow(req, _FlowWork(None, True, final, usage))
             return
         v = req.voice
         context = 0 if span.final else self.lookahead
@@ -271,7 +412,7 @@ class Scheduler:
             embedding=v.embedding,
             prompt_mel=v.prompt_mel,
         )
-        self._queue_flow(req, _FlowWork(chunk, span.final, final))
+        self._queue_flow(req, _FlowWork(chunk, span.final, final, usage))
 
     def _queue_flow(self, req: SynthesisRequest, work: _FlowWork) -> None:
         with self._lock:
@@ -289,6 +430,11 @@ class Scheduler:
 
     def _live(self, items: list[WorkItem], stage: str) -> list[WorkItem]:
         now = time.monotonic()
+        for i in items:
+            req: SynthesisRequest = i.request
+            if req.feed is not None and req.alive and req.expired(now):
+                self._end_session(req, Outcome.TIMEOUT, "the audio for the text sent did not finish within the "
+                                  f"request timeout of {req.feed.timeout_s:g} s")
         live = [i for i in items if i.request.alive and not i.request.expired(now)]
         for i in live:
             self.m.queue_wait.labels(stage).observe(now - i.enqueued)
@@ -309,7 +455,7 @@ class Scheduler:
             for item in live:
                 w: _FlowWork = item.payload
                 mel = next(mels) if w.chunk is not None else np.zeros((self.p.manifest.flow.mel_bins, 0), np.float32)
-                self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final)))
+                self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final, w.usage)))
             with self._lock:
                 for item in items:
                     key = id(item.request)
@@ -359,8 +505,17 @@ class Scheduler:
                     first = req.first_audio_at is None
                     req.push_audio(audio)
                     self.m.audio_seconds.inc(len(audio) / sr)
-                    if first:
+                    if first and req.feed is None:  # a session's first audio waits for its client's text
                         self.m.ttfa.observe(req.first_audio_at - req.created)
+                    req.segment_samples += len(audio)
+                    req.segment_first_audio_at = req.segment_first_audio_at or time.monotonic()
+                if w.segment_final:
+                    if w.usage is not None:
+                        w.usage.audio_seconds = req.segment_samples / sr
+                        w.usage.first_audio_at = req.segment_first_audio_at
+                        w.usage.done_at = time.monotonic()
+                        req.push_segment_done(w.usage)
+                    req.segment_samples, req.segment_first_audio_at = 0, None
                 if w.final:
                     req.push_done(Done(Outcome.OK))
                     self.release(req, Outcome.OK)

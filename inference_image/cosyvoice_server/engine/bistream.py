@@ -1,0 +1,106 @@
+"""CosyVoice2's bistream input schedule (upstream `Qwen2LM.inference_bistream`), as a pure state machine.
+
+One segment of a streamed-text session: the LLM input starts with sos; the prompt's text and speech
+tokens go in interleaved, `text` (5) text tokens then `speech` (15) speech tokens per group, as soon as
+text tokens are there to fill the groups (the prompt text counts first); once the prompt speech is used
+up the model decodes, and the fill token (speech_token_size + 2) is forced at fixed intervals of
+`speech` + 1 tokens (it may also be sampled): each fill asks for the next `text` text tokens, fed in
+place of the fill. At the end of the input the rest of the text and task_id go in, and the model decodes
+to eos as the whole-text path does.
+
+Where upstream is particular and this follows it: nothing runs before the first text token arrives; at
+the end of input the last block fed is fed again before the remaining text (upstream keeps it in
+`lm_input` after the fill); prompt speech tokens not yet interleaved when the input ends are dropped; the
+fill tokens stay in the sampling history. Upstream consumes at most one group per text token it
+receives, which equals "whenever `text` tokens are buffered" when the prompt text is at most a third of
+the prompt speech (upstream's stated assumption); this schedule consumes whenever they are buffered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+SOS, TASK, TEXT, SPEECH = "sos", "task", "text", "speech"
+Item = tuple[str, int]  # (kind, id); id is 0 for sos and task
+
+
+class Phase(str, Enum):
+    WAITING = "waiting"  # needs more text (or the end of input) before the model can run
+    INTERLEAVED = "interleaved"  # decoding speech tokens between text groups; eos masked
+    FINAL = "final"  # all text is in: decoding to eos
+    DONE = "done"
+
+
+@dataclass
+class Interleave:
+    prompt_text: list[int]
+    prompt_speech: list[int]
+    fill: int  # the fill token id (speech_token_size + 2)
+    text_group: int = 5
+    speech_group: int = 15
+    text_cache: list[int] = field(init=False)
+    lm_input: list[Item] = field(init=False)  # upstream's `lm_input`: pending, or the last block fed
+    history: list[int] = field(default_factory=list)  # every token decided, fills included (upstream's out_tokens)
+    phase: Phase = Phase.WAITING
+    started: bool = False  # a text token of this segment has arrived
+    text_tokens: int = 0  # text tokens of this segment (the prompt text not counted)
+    next_fill: int = 0
+
+    def __post_init__(self) -> None:
+        self.text_cache = list(self.prompt_text)
+        self._speech_left = list(self.prompt_speech)
+        self.lm_input = [(SOS, 0)]
+        p, s = len(self.prompt_speech), self.speech_group
+        self.next_fill = (p // s + 1) * s - p
+
+    def add_text(self, ids: list[int]) -> None:
+        self.text_cache.extend(ids)
+        self.text_tokens += len(ids)
+        self.started = self.started or bool(ids)
+
+    def _take_text(self) -> list[Item]:
+        group, self.text_cache = self.text_cache[: self.text_group], self.text_cache[self.text_group :]
+        return [(TEXT, t) for t in group]
+
+    def next_block(self, ended: bool) -> list[Item] | None:
+        """While WAITING: the block to feed now (the phase becomes INTERLEAVED or FINAL), or None to wait.
+        `ended`: no more text will come for this segment (flush or end of input)."""
+        assert self.phase == Phase.WAITING
+        if not self.started:
+            return None
+        while self._speech_left and len(self.text_cache) >= self.text_group:
+            self.lm_input += self._take_text() + [(SPEECH, t) for t in self._speech_left[: self.speech_group]]
+            self._speech_left = self._speech_left[self.speech_group :]
+        if not self._speech_left:
+            needs_text = (self.history and self.history[-1] == self.fill) or (not self.history and len(self.lm_input) == 1)
+            if not needs_text:  # the prompt has just been used up: decode straight on
+                self.phase = Phase.INTERLEAVED
+                return self.lm_input
+            if len(self.text_cache) >= self.text_group:
+                group = self._take_text()
+                self.lm_input = group if self.history else self.lm_input + group
+                self.phase = Phase.INTERLEAVED
+                return self.lm_input
+        if not ended:
+            return None
+        self.lm_input = self.lm_input + [(TEXT, t) for t in self.text_cache] + [(TASK, 0)]
+        self.text_cache = []
+        self.phase = Phase.FINAL
+        return self.lm_input
+
+    def forced(self) -> bool:
+        """The next token is the fill token whatever the model says (INTERLEAVED only)."""
+        return self.phase == Phase.INTERLEAVED and len(self.history) == self.next_fill
+
+    def decided(self, token: int, speech_token_size: int) -> bool:
+        """Records the token taken after the last input; True when it is a speech token to keep.
+        A fill pauses the segment (WAITING); any stop token ends the FINAL phase."""
+        if self.phase == Phase.INTERLEAVED and token == self.fill:
+            self.next_fill = len(self.history) + self.speech_group + 1
+        self.history.append(token)
+        if token >= speech_token_size:
+            self.phase = Phase.WAITING if self.phase == Phase.INTERLEAVED else Phase.DONE
+            return False
+        self.lm_input = [(SPEECH, token)]
+        return True

@@ -1,0 +1,91 @@
+"""Text tokens from text that arrives in pieces, the same whatever the pieces.
+
+Upstream's bistream frontend tokenizes each delta on its own, so "Hel" + "lo" gives other tokens than
+"Hello" (and a special token such as "[breath]" split across deltas is lost). Here text tokens are
+committed only up to a boundary that later text cannot move: the start of the last pre-tokenizer piece of
+the text held back (a word being typed may still grow), and never inside, or at a possible start of, one
+of the tokenizer's added tokens. A byte-level BPE tokenizes each pre-tokenizer piece on its own, so the
+committed tokens, concatenated, are the tokens of the whole text. `flush` commits the rest.
+
+Cleaning is split-independent too: control characters become spaces, whitespace runs one space, the
+segment's leading and trailing whitespace dropped, and the tokenizer's own normalizer (NFC for Qwen2)
+applied to the held-back text as a whole. Like upstream's streamed input (which skips `text_normalize`),
+there is no wetext normalization or sentence split: those need whole sentences, which would delay the
+first audio until a sentence ends.
+
+A run of letters without spaces or punctuation (Chinese, Japanese) is one pre-tokenizer piece, so it is
+committed when punctuation or a space follows it, or at a flush.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tokenizers import Tokenizer
+
+_CONTROL = re.compile(r"[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]")
+_SPACE = re.compile(r"\s+")
+
+
+class StreamTokenizer:
+    """One session's text in, text tokens out (not thread-safe: its owner serialises calls)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        self._added_ids = set(added)
+        self._added = sorted({t.content for t in added.values() if t.content})
+        self._held = ""  # cleaned text not yet committed
+        self._fresh = True  # nothing committed since the segment started: leading whitespace is dropped
+
+    @property
+    def held(self) -> str:
+        return self._held
+
+    def _normalize(self, text: str) -> str:
+        n = self.tok.normalizer
+        return n.normalize_str(text) if n is not None else text
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids if text else []
+
+    def _cut(self, text: str) -> int:
+        """The longest prefix of `text` whose tokens no continuation can change."""
+        enc = self.tok.encode(text, add_special_tokens=False)
+        tail_start = 0  # text after the last added token: the part the pre-tokenizer splits on its own
+        for tid, (a, b) in zip(enc.ids, enc.offsets):
+            if tid in self._added_ids:
+                tail_start = b
+                cut = a  # an added token at the very end is held too (a longer one may start the same way)
+        if tail_start == 0 or tail_start < len(text):
+            pieces = self.tok.pre_tokenizer.pre_tokenize_str(text[tail_start:]) if self.tok.pre_tokenizer else []
+            cut = tail_start + pieces[-1][1][0] if pieces else len(text)
+        # Never commit the start of what may become an added token: "[bre" could still be "[breath]".
+        for i in range(max(tail_start, len(text) - max((len(a) for a in self._added), default=0)), len(text)):
+            rest = text[i:]
+            if any(a.startswith(rest) and a != rest for a in self._added):
+                return min(cut, i)
+        return cut
+
+    def push(self, delta: str) -> list[int]:
+        """Adds a text delta; returns the text tokens it commits (often none while a word is typed)."""
+        text = _SPACE.sub(" ", self._held + _CONTROL.sub(" ", delta))
+        if self._fresh:
+            text = text.lstrip()
+        text = self._normalize(text)
+        cut = self._cut(text)
+        self._held = text[cut:]
+        if cut:
+            self._fresh = False
+        return self._encode(text[:cut])
+
+    def flush(self) -> list[int]:
+        """Commits everything held; the next text starts a new segment."""
+        text = self._held.rstrip()
+        self._held, self._fresh = "", True
+        return self._encode(text)
+
+
+def clean(text: str) -> str:
+    """What streaming does to a whole segment's text, in one go (control characters, whitespace)."""
+    return _SPACE.sub(" ", _CONTROL.sub(" ", text)).strip()
