@@ -88,3 +88,44 @@ def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("server")).wait_ready()
     yield s
     s.stop()
+
+
+# The miniature CosyVoice2 checkpoint (upstream's classes, random weights), its conversion and upstream's
+# reference models: built once per session for tests/convert and tests/bistream. Each skips the test
+# without the `convert` extra and upstream's code.
+GREEDY = {"top_k": 1, "top_p": 0.8, "win_size": 10, "tau_r": 100.0}  # tau_r > 1: never the RAS fallback
+
+
+def _need_upstream() -> None:
+    for module in ("torch", "hyperpyyaml", "cosyvoice"):
+        pytest.importorskip(module)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    _need_upstream()
+    from cosyvoice_server.convert.miniature import build
+
+    return build(tmp_path_factory.mktemp("ckpt") / "CosyVoice2-mini", "mini", seed=0)
+
+
+@pytest.fixture(scope="session")
+def converted(checkpoint, tmp_path_factory) -> Path:
+    """The converted model (fp32 and fp16), with greedy decoding so runs are comparable token for token."""
+    import yaml
+
+    from cosyvoice_server.convert.convert import convert
+
+    out = convert(checkpoint, tmp_path_factory.mktemp("models") / "cosyvoice2-mini", ["fp32", "fp16"])
+    m = yaml.safe_load((out / "model.yaml").read_text())
+    m["llm"]["sampling"] = GREEDY
+    (out / "model.yaml").write_text(yaml.safe_dump(m, sort_keys=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint):
+    sys.path.insert(0, str(ROOT / "tests" / "convert"))
+    from reference import Reference
+
+    return Reference.load(checkpoint)

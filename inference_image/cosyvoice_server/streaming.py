@@ -31,7 +31,7 @@ class Span:
 
 class ChunkPlanner:
     def __init__(self, first_hop: int, max_hop: int, growth: int, lookahead: int, prompt_tokens: int, stream: bool) -> None:
-        self.hop = first_hop
+        self.first_hop = self.hop = first_hop
         self.max_hop = max_hop
         self.growth = growth
         self.lookahead = lookahead
@@ -39,7 +39,11 @@ class ChunkPlanner:
         self.stream = stream
         self.new_segment()
 
-    def new_segment(self) -> None:
+    def new_segment(self, restart_hop: bool = False) -> None:
+        """Within a request the hop keeps growing, as upstream's does; a streamed-text session restarts it
+        for each segment, so the audio of a new thought starts as soon as the first one's did."""
+        if restart_hop:
+            self.hop = self.first_hop
         self.offset = 0
         self.ended = False
         self.pad = math.ceil(self.prompt_tokens / self.hop) * self.hop - self.prompt_tokens

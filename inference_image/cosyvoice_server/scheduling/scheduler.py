@@ -373,7 +373,7 @@ class Scheduler:
             if not last_segment:
                 req.segment += 1
                 req.segment_offset = len(req.tokens)
-                req.planner.new_segment()
+                req.planner.new_segment(restart_hop=req.feed is not None)
                 with self._lock:
                     if req.feed is not None:
                         self._park_locked(self._session_sequence(req))
