@@ -19,12 +19,9 @@ committed when punctuation or a space follows it, or at a flush.
 
 from __future__ import annotations
 
-import re
-
 from tokenizers import Tokenizer
 
-_CONTROL = re.compile(r"[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]")
-_SPACE = re.compile(r"\s+")
+from .frontend import _CONTROL, _SPACE  # the whole-text path's cleaning, applied here without the strip
 
 
 class StreamTokenizer:
@@ -85,7 +82,3 @@ class StreamTokenizer:
         self._held, self._fresh = "", True
         return self._encode(text)
 
-
-def clean(text: str) -> str:
-    """What streaming does to a whole segment's text, in one go (control characters, whitespace)."""
-    return _SPACE.sub(" ", _CONTROL.sub(" ", text)).strip()

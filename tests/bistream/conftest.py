@@ -29,13 +29,13 @@ def mini(converted) -> Pipeline:
 
 @pytest.fixture
 def serve():
-    """serve(pipeline, **SchedulerConfig fields) -> a ServerState with its stage threads running."""
+    """serve(pipeline, settings={...}, **SchedulerConfig fields) -> a ServerState with its stage threads running."""
     states: list[ServerState] = []
 
-    def start(pipeline: Pipeline, **config) -> ServerState:
+    def start(pipeline: Pipeline, settings: dict | None = None, **config) -> ServerState:
         metrics = Metrics()
         cfg = SchedulerConfig(**{"max_batch_size": 8, "max_queue_delay_ms": 5.0, "max_queue_size": 8, **config})
-        state = ServerState(Settings(model_dir=pipeline.model_dir), metrics, pipeline=pipeline,
+        state = ServerState(Settings(model_dir=pipeline.model_dir, **(settings or {})), metrics, pipeline=pipeline,
                             scheduler=Scheduler(pipeline, cfg, metrics))
         state.scheduler.start()
         states.append(state)

@@ -11,7 +11,7 @@ from bistream_reference import bistream_tokens
 from conftest import speak
 
 from cosyvoice_server.scheduling.request import Outcome, request_rngs
-from cosyvoice_server.streamtext import clean
+from cosyvoice_server.frontend import normalize as clean
 
 TOL = 1e-4  # the float parity tolerance of tests/convert
 TEXT = "Hello world, this is a small test of speech synthesis, fed the way a language model writes it."

@@ -236,8 +236,8 @@ class Scheduler:
     def _end_session(self, req: SynthesisRequest, outcome: Outcome, message: str) -> None:
         """A session the scheduler itself ends (its handler only waits for Done)."""
         if req.alive:
+            self.release(req, outcome)  # freed before its handler hears of it
             req.push_done(Done(outcome, message))
-            self.release(req, outcome)
 
     def _take_ready_sessions(self, room: int) -> tuple[list[Sequence], list[SynthesisRequest]]:
         """Parked sessions whose next input block is ready (up to `room`; the next block set as each

@@ -1,0 +1,101 @@
+"""Streamed text gives the same text tokens whatever its split: mid-word, per character, whole, across
+special tokens, combining characters and whitespace runs; and they are the whole text's tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from cosyvoice_server.config import BUNDLED_MODEL
+from cosyvoice_server.frontend import normalize
+from cosyvoice_server.streamtext import StreamTokenizer
+
+# Qwen2's own normalizer and pre-tokenizer (its tokenizer.json), put on the miniature's vocabulary.
+QWEN2_PRETOKENIZER = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "behavior": "Isolated", "invert": False, "pattern": {"Regex": (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")}},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+
+TEXTS = [
+    "Hello world, this is a small test of speech synthesis.",
+    "It's 12.50 dollars -- isn't it?! They'll say: \"we've done 1,000,000 runs\"...",
+    "[breath] Well, <strong>this</strong> matters [laughter] a lot.[breath]",
+    "  leading and   trailing\n\nwhitespace,\ttabs\u0000 and control\x07 characters   ",
+    "Cafe\u0301 cre\u0300me bru\u0302le\u0301e, naïve coöperation",
+    "今天是个好日子，我们一起去公园散步吧！天气预报说下午会下雨。",
+    "Mixed 中文 and English: 第3章, chapter three; émigré 🙂 emoji👍🏽 done",
+    "[bre ath] not a tag, [breathe] neither, <strong nor this",
+]
+
+
+@pytest.fixture(scope="module", params=["tiny", "miniature", "miniature+qwen2-pretokenizer"])
+def tokenizer(request) -> Tokenizer:
+    if request.param == "tiny":
+        return Tokenizer.from_file(str(BUNDLED_MODEL / "tokenizer.json"))
+    spec = json.loads((request.getfixturevalue("converted") / "tokenizer.json").read_text())
+    if request.param.endswith("qwen2-pretokenizer"):
+        spec["normalizer"] = {"type": "NFC"}
+        spec["pre_tokenizer"] = QWEN2_PRETOKENIZER
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def stream(tok: Tokenizer, parts: list[str | None]) -> list[list[int]]:
+    """Token ids per segment; None in `parts` is a flush."""
+    st = StreamTokenizer(tok)
+    segments, current = [], []
+    for p in [*parts, None]:
+        if p is None:
+            current += st.flush()
+            segments.append(current)
+            current = []
+        else:
+            current += st.push(p)
+    return segments
+
+
+def splits(text: str, rng: np.random.Generator, n: int) -> list[list[str]]:
+    out = [[text], list(text), [w + " " for w in text.split(" ")[:-1]] + [text.split(" ")[-1]]]
+    for _ in range(n):
+        k = int(rng.integers(1, max(2, len(text) // 2)))
+        cuts = sorted(set(rng.integers(0, len(text) + 1, k).tolist()) | {0, len(text)})
+        out.append([text[a:b] for a, b in zip(cuts, cuts[1:])])  # empty deltas included
+    return out
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_any_split_gives_the_whole_texts_tokens(tokenizer, text):
+    want = tokenizer.encode(normalize(text), add_special_tokens=False).ids
+    for parts in splits(text, np.random.default_rng(len(text)), 40):
+        assert stream(tokenizer, parts) == [want], parts
+
+
+def test_flush_cuts_segments_and_each_is_tokenized_on_its_own(tokenizer):
+    a, b = TEXTS[0], TEXTS[2]
+    want = [tokenizer.encode(normalize(t), add_special_tokens=False).ids for t in (a, b)]
+    for parts_a, parts_b in zip(splits(a, np.random.default_rng(1), 10), splits(b, np.random.default_rng(2), 10)):
+        assert stream(tokenizer, [*parts_a, None, *parts_b]) == want
+
+
+def test_tokens_commit_as_soon_as_a_word_is_complete(tokenizer):
+    st = StreamTokenizer(tokenizer)
+    assert st.push("Hel") == []  # a word being typed may still grow
+    assert st.push("lo") == []
+    first = st.push(" wor")  # "Hello" cannot change any more
+    assert first == tokenizer.encode("Hello", add_special_tokens=False).ids
+    assert st.held == " wor"
+
+
+def test_a_special_token_split_across_deltas_is_kept_whole(converted):
+    tok = Tokenizer.from_file(str(converted / "tokenizer.json"))
+    breath = tok.token_to_id("[breath]")
+    st = StreamTokenizer(tok)
+    got = st.push("Hi [bre") + st.push("ath") + st.push("] there") + st.flush()
+    assert breath in got
+    assert got == tok.encode("Hi [breath] there", add_special_tokens=False).ids
+
+
+def test_whitespace_only_and_empty_flushes_commit_nothing(tokenizer):
+    assert stream(tokenizer, ["   ", "\n\t", None, ""]) == [[], []]
