@@ -120,7 +120,8 @@ class ServerState:
             planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
                                  len(v.prompt_speech_tokens), True),
             max_tokens=max(1, int(self.settings.max_audio_seconds * m.token_rate)),  # per segment
-            feed=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s),
+            feed=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s,
+                          m.frontend.max_text_tokens_per_segment),
         )
 
     def token_bounds(self, segments: list, speed: float) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from .frontend import _CONTROL, _SPACE  # the whole-text path's cleaning, applied here without the strip
+from .frontend import _CONTROL, _EN_STOPS, _SPACE, _ZH_STOPS  # the whole-text path's cleaning and sentence ends
 
 
 class StreamTokenizer:
@@ -75,6 +75,15 @@ class StreamTokenizer:
         if cut:
             self._fresh = False
         return self._encode(text[:cut])
+
+    def sentence_break(self, before: list[int], nxt: int) -> bool:
+        """A sentence ends between `before` and `nxt`: sentence punctuation (quotes and brackets may close
+        after it), then a space for ASCII punctuation ("3.5" and "e.g.x" go on). The last four tokens are
+        decoded together: a byte-level token may hold only part of a character such as "。"."""
+        end = self.tok.decode(before[-4:]).rstrip("\"”'’)]）」")
+        if end.endswith(tuple(_ZH_STOPS.translate(str.maketrans("", "", _EN_STOPS)))):
+            return True
+        return end.endswith(tuple(_EN_STOPS)) and self.tok.decode([nxt])[:1].isspace()
 
     def flush(self) -> list[int]:
         """Commits everything held; the next text starts a new segment."""

@@ -99,3 +99,30 @@ def test_a_special_token_split_across_deltas_is_kept_whole(converted):
 
 def test_whitespace_only_and_empty_flushes_commit_nothing(tokenizer):
     assert stream(tokenizer, ["   ", "\n\t", None, ""]) == [[], []]
+
+
+def test_text_without_flushes_is_cut_at_sentence_ends_whatever_the_split(tokenizer):
+    from cosyvoice_server.scheduling.request import TextFeed
+
+    text = ("First sentence is here. It costs 3.5 dollars, e.g. this much! Then: a third one goes on and on? "
+            "今天天气很好。我们去公园吧！Done")
+
+    def segments(parts):
+        f = TextFeed(StreamTokenizer(tokenizer), 60.0, segment_tokens=8)
+        for p in parts:
+            f.push(p)
+        f.end()
+        out, i = [], 0
+        while (seg := f.segment(i)) is not None:
+            out.append((tokenizer.decode(seg[0]), f.info(i).auto))
+            i += 1
+        return out
+
+    want = segments([text])
+    assert len(want) >= 4 and all(auto for _, auto in want[:-1]) and not want[-1][1]
+    assert "".join(t for t, _ in want).replace(" ", "") == normalize(text).replace(" ", "")
+    # cut after sentence punctuation only ("3.5" and "e.g." followed by a letter go on)
+    assert all(t.rstrip().endswith((".", "!", "?", ":", "。", "！")) for t, _ in want[:-1])
+    assert not any(t.rstrip().endswith("3.") for t, _ in want)
+    for parts in splits(text, np.random.default_rng(7), 15):
+        assert segments(parts) == want

@@ -53,8 +53,9 @@ class SegmentDone:
     audio_seconds: float
     text_at: float  # time.monotonic() of the segment's first text delta
     first_audio_at: float | None  # of its first audio sent (None: it produced none)
-    closed_at: float  # of the flush / end of input that closed it
+    closed_at: float  # of the flush / end of input that closed it (or of its last text, if `auto`)
     done_at: float
+    auto: bool = False  # closed by the server at a sentence end, not by a flush: the text went on without one
 
 
 class FeedClosed(ValueError):
@@ -67,20 +68,27 @@ class FeedSegment:
     chars: int = 0
     text_at: float | None = None
     closed_at: float | None = None
+    auto: bool = False
 
 
 class TextFeed:
     """The text of a bistream session, as it arrives. Methods are called from the event loop; the LLM
     stage reads committed text tokens per segment. Every call moves the session's deadline: text must
     become audio within `timeout_s` of its arrival (a session waiting for text has no deadline; the
-    connection's idle timeout ends silent clients)."""
+    connection's idle timeout ends silent clients).
 
-    def __init__(self, tokenizer: StreamTokenizer, timeout_s: float) -> None:
+    Text that goes on without a flush is cut into segments as the whole-text path cuts a paragraph: at
+    the first sentence end once a segment has `segment_tokens` text tokens before it (decided on the committed
+    tokens, so it does not depend on the split either). That keeps each segment within what the model
+    was trained on, and a session's KV cache bounded."""
+
+    def __init__(self, tokenizer: StreamTokenizer, timeout_s: float, segment_tokens: int | None = None) -> None:
         self._tok = tokenizer
         self._lock = threading.Lock()
         self._segments: list[FeedSegment] = [FeedSegment()]
         self._ended = False
         self.timeout_s = timeout_s
+        self.segment_tokens = segment_tokens
         self.deadline = math.inf
         self.first_text_at: float | None = None
         self.wake: Callable[[], None] = lambda: None  # set by the scheduler: text arrived
@@ -101,12 +109,21 @@ class TextFeed:
                 seg.text_at = now
                 self.first_text_at = self.first_text_at or now
             seg.chars += len(text)
-            seg.tokens.extend(self._tok.push(text))
+            self._append(self._tok.push(text), now)
         self.wake()
 
-    def _close(self, now: float) -> None:
+    def _append(self, tokens: list[int], now: float) -> None:
         seg = self._segments[-1]
-        seg.tokens.extend(self._tok.flush())
+        for t in tokens:
+            if self.segment_tokens and len(seg.tokens) >= self.segment_tokens and self._tok.sentence_break(seg.tokens, t):
+                seg.closed_at, seg.auto = now, True
+                seg = FeedSegment(text_at=now)
+                self._segments.append(seg)
+            seg.tokens.append(t)
+
+    def _close(self, now: float) -> None:
+        self._append(self._tok.flush(), now)
+        seg = self._segments[-1]
         if seg.tokens:  # a flush with nothing buffered is no segment
             seg.closed_at = now
             self._segments.append(FeedSegment())

@@ -391,7 +391,7 @@ class Scheduler:
         seg = req.feed.info(req.segment)
         return SegmentDone(segment=req.segment, text_tokens=q.bistream.text_tokens, speech_tokens=len(q.tokens),
                            audio_seconds=0.0, text_at=seg.text_at or 0.0, first_audio_at=None,
-                           closed_at=seg.closed_at or time.monotonic(), done_at=0.0)
+                           closed_at=seg.closed_at or time.monotonic(), done_at=0.0, auto=seg.auto)
 
     def _emit_flow(self, req: SynthesisRequest, segment: list[int], span: Span, final: bool,
                    usage: SegmentDone | None = None) -> None:
