@@ -150,6 +150,8 @@ async def test_segments_usage_and_the_feeds_edges(tiny, serve):
         assert seg.speech_tokens > 0 and seg.audio_seconds == pytest.approx(len(audio) / 24000)
         assert seg.text_at <= seg.first_audio_at <= seg.done_at and seg.closed_at <= seg.done_at
     assert sum(seg.speech_tokens for seg in s.segments) == len(s.req.tokens)
+    assert [s.req.feed.info(i).chars for i in (0, 1)] == [len("One thought."), len("Another one.")]
+    assert s.req.feed.closed_segments == 2
     with pytest.raises(FeedClosed):
         s.req.feed.push("late")
     with pytest.raises(FeedClosed):

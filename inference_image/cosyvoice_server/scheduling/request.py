@@ -65,7 +65,7 @@ class FeedClosed(ValueError):
 @dataclass
 class FeedSegment:
     tokens: list[int] = field(default_factory=list)
-    chars: int = 0
+    chars: int = 0  # characters of its text as spoken (cleaned), set when it closes
     text_at: float | None = None
     closed_at: float | None = None
     auto: bool = False
@@ -108,7 +108,6 @@ class TextFeed:
             if text and seg.text_at is None:
                 seg.text_at = now
                 self.first_text_at = self.first_text_at or now
-            seg.chars += len(text)
             self._append(self._tok.push(text), now)
         self.wake()
 
@@ -116,16 +115,19 @@ class TextFeed:
         seg = self._segments[-1]
         for t in tokens:
             if self.segment_tokens and len(seg.tokens) >= self.segment_tokens and self._tok.sentence_break(seg.tokens, t):
-                seg.closed_at, seg.auto = now, True
+                seg.closed_at, seg.auto, seg.chars = now, True, self._chars(seg)
                 seg = FeedSegment(text_at=now)
                 self._segments.append(seg)
             seg.tokens.append(t)
+
+    def _chars(self, seg: FeedSegment) -> int:
+        return len(self._tok.tok.decode(seg.tokens))
 
     def _close(self, now: float) -> None:
         self._append(self._tok.flush(), now)
         seg = self._segments[-1]
         if seg.tokens:  # a flush with nothing buffered is no segment
-            seg.closed_at = now
+            seg.closed_at, seg.chars = now, self._chars(seg)
             self._segments.append(FeedSegment())
         else:
             self._segments[-1] = FeedSegment()
@@ -160,6 +162,12 @@ class TextFeed:
     def info(self, i: int) -> FeedSegment:
         with self._lock:
             return self._segments[i]
+
+    @property
+    def closed_segments(self) -> int:
+        """Segments closed so far, by flushes, the end of input or at sentence ends."""
+        with self._lock:
+            return sum(seg.closed_at is not None for seg in self._segments)
 
     @property
     def ended(self) -> bool:
