@@ -301,25 +301,25 @@ class Scheduler:
             if not fresh and not resumed and batch is None:
                 continue  # every arrival had hung up while it waited, or no session had enough text
             t0 = time.perf_counter()
-            if fresh or resumed:
-                joining = [q.owner for q in fresh + resumed]
-                self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + joining
+            joining = [q.owner for q in fresh + resumed]
+            self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + joining
+            new = []
+            if joining:  # prefilled beside the running batch's step: sessions rejoin often, steps go on
                 try:
                     new = [llm.prefill(fresh)] if fresh else []
                     new += [llm.resume(resumed)] if resumed else []
                 except Exception:  # only the arrivals fail: the running batch's cache is untouched
                     self._fail(joining, "llm")
-                    continue
-                for part in new:
-                    self._after_tokens(part.seqs)
-                    batch = llm.merge(batch, part)
-            else:
-                self._running["llm"] = [q.owner for q in batch.seqs]
+                    new = []
+            if batch is not None:
                 self.m.batch_size.labels("llm").observe(len(batch.seqs))
                 llm.step(batch)
                 self._after_tokens(batch.seqs)
+            for part in new:
+                self._after_tokens(part.seqs)
+                batch = llm.merge(batch, part)
             self.m.stage_compute.labels("llm").observe(time.perf_counter() - t0)
-            batch = self._settle(batch)
+            batch = self._settle(batch) if batch is not None else None
             self._running["llm"] = []
 
     def _settle(self, batch: Batch) -> Batch | None:
