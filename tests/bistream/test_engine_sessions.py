@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import Session, feed, speak
+from sessions import Session, feed, speak
 
 from cosyvoice_server.api.schemas import SpeechRequest
 from cosyvoice_server.scheduling.request import Done, FeedClosed, Outcome

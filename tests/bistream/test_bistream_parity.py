@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from bistream_reference import bistream_tokens
-from conftest import speak
+from sessions import speak
 
-from cosyvoice_server.scheduling.request import Outcome, request_rngs
 from cosyvoice_server.frontend import normalize as clean
+from cosyvoice_server.scheduling.request import Outcome, request_rngs
 
 TOL = 1e-4  # the float parity tolerance of tests/convert
 TEXT = "Hello world, this is a small test of speech synthesis, fed the way a language model writes it."
