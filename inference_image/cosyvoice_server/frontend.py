@@ -28,6 +28,7 @@ _CONTROL = re.compile(r"[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]")
 _CHINESE = re.compile(r"[\u4e00-\u9fff]")
 _ZH_STOPS = "。？！；：、.?!;"
 _EN_STOPS = ".?!;:"
+END_OF_PROMPT = "<|endofprompt|>"  # ends an instruction in the LLM prompt (upstream's special token)
 
 
 def normalize(text: str) -> str:
@@ -125,21 +126,43 @@ class TextFrontend:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+    def normalized(self, text: str) -> str:
+        """The text normalized as one piece, before the split: upstream's `text_normalize(split=False)`."""
+        text = normalize(text)
+        if not text or not self.text_frontend:
+            return text
+        zh_tn, en_tn, to_words = self._normalizers
+        if contains_chinese(text):
+            return zh_cleanup(zh_tn.normalize(text))
+        return spell_out_numbers(en_tn.normalize(text), to_words)
+
     def texts(self, text: str) -> list[str]:
         """The text of each LLM segment."""
-        text = normalize(text)
+        text = self.normalized(text)
         if not text:
             return []
         if not self.text_frontend:
             return [text]
-        zh_tn, en_tn, to_words = self._normalizers
         if contains_chinese(text):
-            texts = split_paragraph(zh_cleanup(zh_tn.normalize(text)), len, True, self.max_tokens, self.min_tokens,
-                                    self.merge_tokens)
+            texts = split_paragraph(text, len, True, self.max_tokens, self.min_tokens, self.merge_tokens)
         else:
-            texts = split_paragraph(spell_out_numbers(en_tn.normalize(text), to_words), lambda t: len(self.encode(t)),
-                                    False, self.max_tokens, self.min_tokens, self.merge_tokens)
+            texts = split_paragraph(text, lambda t: len(self.encode(t)), False, self.max_tokens, self.min_tokens,
+                                    self.merge_tokens)
         return [t for t in texts if not only_punctuation(t)]
+
+    def prompt_tokens(self, transcript: str) -> list[int]:
+        """A zero-shot prompt's transcript as the LLM's prompt text (upstream's inference_zero_shot)."""
+        return self.encode(self.normalized(transcript))
+
+    @property
+    def takes_instructions(self) -> bool:
+        return self.tokenizer.token_to_id(END_OF_PROMPT) is not None
+
+    def instruction_tokens(self, instruction: str) -> list[int]:
+        """Upstream's instruct2 prompt text: the instruction as written (not normalized, as upstream) ending
+        in the end-of-prompt token."""
+        text = normalize(instruction)
+        return self.encode(text if text.endswith(END_OF_PROMPT) else text + END_OF_PROMPT)
 
     def segments(self, text: str) -> list[np.ndarray]:
         out = []

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from .api.schemas import SpeechRequest
 from .config import Settings
-from .engine.pipeline import Pipeline
+from .engine.pipeline import Pipeline, Voice
+from .frontend import TextFrontend
 from .model.manifest import voice_aliases
 from .metrics import Metrics
 from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
@@ -21,6 +22,28 @@ from .streamtext import StreamTokenizer
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up."
+
+
+class InstructionError(ValueError):
+    """A request's `instructions` cannot be applied; the message says why."""
+
+
+def instruct(voice: Voice, instructions: str, frontend: TextFrontend) -> Voice:
+    """The voice for upstream's `inference_instruct2`: the instruction with the end-of-prompt token as the
+    LLM's prompt text, no prompt speech in the LLM, the voice's flow prompt and embedding. Upstream's
+    CosyVoice2 takes instructions only with a prompt clip (its `inference_instruct` for SFT speakers raises
+    NotImplementedError), so a voice without prompt speech is refused."""
+    if not frontend.takes_instructions:
+        raise InstructionError("This model's tokenizer has no <|endofprompt|> token, so it cannot take 'instructions' "
+                               "(CosyVoice2's instruct mode needs it).")
+    if not voice.has_prompt_speech:
+        raise InstructionError(f"The voice '{voice.name}' is a speaker embedding without prompt speech (an SFT voice); "
+                               "CosyVoice2 follows instructions only with a voice cloned from a clip (instruct2). "
+                               "Register a voice from a clip, or leave 'instructions' out.")
+    tokens = frontend.instruction_tokens(instructions)
+    if len(tokens) > frontend.hard_max:
+        raise InstructionError(f"The instructions are {len(tokens)} tokens long; the limit is {frontend.hard_max}.")
+    return voice.instructed(tokens)
 
 
 @dataclass
@@ -81,6 +104,8 @@ class ServerState:
         m = p.manifest
         st = m.streaming
         voice = p.voices[self.voice(body.voice_id)]
+        if body.instructions and body.instructions.strip():
+            voice = instruct(voice, body.instructions, p.frontend)
         # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.
         chunked = body.stream and body.speed == 1.0
         segments = p.frontend.segments(body.input)

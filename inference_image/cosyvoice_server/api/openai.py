@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ..audio import FORMATS, StreamEncoder, encode
 from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
-from ..state import ServerState
+from ..state import InstructionError, ServerState
 from .auth import require_api_key
 from .errors import APIError, validation_message
 from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, ModelList, SpeechRequest, VoiceCard, VoiceList
@@ -32,7 +32,8 @@ def state_of(request: Request) -> ServerState:
 
 
 _ERRORS = {
-    400: "Invalid request: malformed JSON, a missing or invalid field (`param` names it), an unknown voice",
+    400: "Invalid request: malformed JSON, a missing or invalid field (`param` names it), an unknown voice, "
+         "instructions for a voice or model that cannot take them",
     401: "An API key is configured and `Authorization: Bearer <key>` is missing or wrong",
     404: "Unknown model",
     408: "The request body did not arrive within the server's body timeout",
@@ -129,9 +130,6 @@ def _parse(body: bytes, state: ServerState) -> SpeechRequest:
     if not req.stream and req.stream_format == "sse":
         raise APIError(400, "stream_format 'sse' sends events as they are generated; it cannot be combined with "
                        "stream=false.", param="stream_format", code="invalid_value")
-    if req.instructions:
-        raise APIError(400, "This model does not take 'instructions' (CosyVoice2 instruct voices are not loaded).",
-                       param="instructions", code="unsupported_parameter")
     return req
 
 
@@ -176,7 +174,10 @@ async def create_speech(request: Request) -> Response:
     try:
         _ready(s)
         body = _parse(await _read_body(request, s.settings.max_body_bytes), s)
-        req = s.new_request(body)
+        try:
+            req = s.new_request(body)
+        except InstructionError as exc:
+            raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
         if not req.segments:
             raise APIError(400, "The input has no speakable text after normalization.", param="input", code="invalid_value")
         fewest, most = s.token_bounds(req.segments, body.speed)

@@ -39,7 +39,9 @@ class SpeechRequest(BaseModel):
                          "OpenAI does); false waits for the whole file, sent with Content-Length and X-Speech-Tokens")
     stream_format: Literal["audio", "sse"] = Field(
         "audio", description="sse: server-sent events speech.audio.delta / speech.audio.done (needs stream)")
-    instructions: str | None = Field(None, max_length=MAX_INPUT_CHARS, description="not supported by CosyVoice2 SFT/zero-shot voices")
+    instructions: str | None = Field(None, max_length=MAX_INPUT_CHARS, description="how to speak, e.g. \"Speak slowly and warmly.\" (CosyVoice2 instruct2: the instruction replaces the "
+                              "voice's transcript in the LLM prompt); for voices with prompt speech (cloned from a clip), "
+                              "on models whose tokenizer has <|endofprompt|>")
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="extension: fixes sampling, the same seed gives the same audio")
 
     @field_validator("voice", mode="before")

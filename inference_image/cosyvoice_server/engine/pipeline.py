@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,40 +21,90 @@ from .runtime import DeviceRequest, Runtime, RuntimeOptions
 log = logging.getLogger(__name__)
 
 
+VOICE_ARRAYS = ("embedding", "prompt_text_tokens", "prompt_speech_tokens", "prompt_mel")
+
+
 @dataclass(frozen=True)
 class Voice:
+    """A speaker as upstream's `spk2info` entries hold it. The flow always gets the prompt speech tokens, the
+    prompt mel and the embedding; the LLM's prefix is [prompt text + text, prompt speech tokens], where a
+    cross-lingual voice (upstream's `frontend_cross_lingual`) and an instructed one (`frontend_instruct2`)
+    leave the prompt speech tokens out. An SFT speaker has an embedding only."""
+
     name: str
     embedding: np.ndarray  # [192]
-    prompt_text_tokens: np.ndarray
-    prompt_speech_tokens: np.ndarray
+    prompt_text_tokens: np.ndarray  # the LLM's prompt text: a transcript, or an instruction (instructed())
+    prompt_speech_tokens: np.ndarray  # the flow's prompt tokens (and the LLM's, unless cross_lingual)
     prompt_mel: np.ndarray  # [2 * prompt tokens, 80]
+    cross_lingual: bool = False
+
+    @property
+    def llm_prompt_speech_tokens(self) -> np.ndarray:
+        return self.prompt_speech_tokens[:0] if self.cross_lingual else self.prompt_speech_tokens
+
+    @property
+    def has_prompt_speech(self) -> bool:
+        return len(self.prompt_speech_tokens) > 0
+
+    def instructed(self, instruction_tokens: np.ndarray) -> Voice:
+        """Upstream's instruct2 input: the instruction (ending in <|endofprompt|>) as the LLM's prompt text,
+        no prompt speech in the LLM, the flow prompt and embedding unchanged."""
+        return replace(self, prompt_text_tokens=np.asarray(instruction_tokens, np.int64), cross_lingual=True)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, k).nbytes for k in VOICE_ARRAYS)
 
 
-def _load_npz(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _load_npz(path: Path, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in keys if k not in data]
             if missing:
                 raise ModelLoadError(f"{path}: missing array(s) {', '.join(missing)} (has {', '.join(data.files)})")
-            return {k: data[k] for k in keys}
-    except (OSError, ValueError) as exc:
+            return {k: data[k] for k in (*keys, *optional) if k in data}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ModelLoadError(f"{path}: not a readable .npz file ({exc})") from exc
 
 
+def load_voice(path: Path, m: Manifest, name: str | None = None) -> Voice:
+    """One voice file (the model's voices/ dir format; `cross_lingual` is optional, false when absent)."""
+    a = _load_npz(path, VOICE_ARRAYS, ("cross_lingual",))
+    if a["embedding"].shape != (m.flow.spk_embed_dim,):
+        raise ModelLoadError(f"{path}: embedding has shape {a['embedding'].shape}, expected ({m.flow.spk_embed_dim},)")
+    for key in ("prompt_text_tokens", "prompt_speech_tokens"):
+        if a[key].ndim != 1 or a[key].dtype.kind not in "iu":
+            raise ModelLoadError(f"{path}: {key} is {a[key].dtype} {a[key].shape}, expected a 1-d integer array")
+    if a["prompt_mel"].shape != (len(a["prompt_speech_tokens"]) * m.token_mel_ratio, m.flow.mel_bins):
+        raise ModelLoadError(
+            f"{path}: prompt_mel has shape {a['prompt_mel'].shape}, expected "
+            f"({len(a['prompt_speech_tokens']) * m.token_mel_ratio}, {m.flow.mel_bins}) for its prompt tokens"
+        )
+    if len(a["prompt_speech_tokens"]) and int(a["prompt_speech_tokens"].max()) >= m.llm.speech_token_size:
+        raise ModelLoadError(f"{path}: prompt speech tokens reach {int(a['prompt_speech_tokens'].max())}; the model "
+                             f"has {m.llm.speech_token_size}")
+    return Voice(name or path.stem, a["embedding"].astype(np.float32), a["prompt_text_tokens"].astype(np.int64),
+                 a["prompt_speech_tokens"].astype(np.int64), a["prompt_mel"].astype(np.float32),
+                 bool(a.get("cross_lingual", np.False_)))
+
+
+def save_voice(path: Path, voice: Voice) -> None:
+    """Writes the voice as load_voice reads it, atomically: a temporary file beside it, fsynced, renamed."""
+    arrays = {k: getattr(voice, k) for k in VOICE_ARRAYS} | {"cross_lingual": np.bool_(voice.cross_lingual)}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def load_voices(model_dir: Path, m: Manifest) -> dict[str, Voice]:
-    voices = {}
-    for path in sorted((model_dir / m.voices.dir).glob("*.npz")):
-        a = _load_npz(path, ("embedding", "prompt_text_tokens", "prompt_speech_tokens", "prompt_mel"))
-        if a["embedding"].shape != (m.flow.spk_embed_dim,):
-            raise ModelLoadError(f"{path}: embedding has shape {a['embedding'].shape}, expected ({m.flow.spk_embed_dim},)")
-        if a["prompt_mel"].shape != (len(a["prompt_speech_tokens"]) * m.token_mel_ratio, m.flow.mel_bins):
-            raise ModelLoadError(
-                f"{path}: prompt_mel has shape {a['prompt_mel'].shape}, expected "
-                f"({len(a['prompt_speech_tokens']) * m.token_mel_ratio}, {m.flow.mel_bins}) for its prompt tokens"
-            )
-        voices[path.stem] = Voice(path.stem, a["embedding"].astype(np.float32), a["prompt_text_tokens"].astype(np.int64),
-                                  a["prompt_speech_tokens"].astype(np.int64), a["prompt_mel"].astype(np.float32))
-    return voices
+    return {path.stem: load_voice(path, m) for path in sorted((model_dir / m.voices.dir).glob("*.npz"))}
 
 
 def load_flow_noise(model_dir: Path, m: Manifest) -> np.ndarray:

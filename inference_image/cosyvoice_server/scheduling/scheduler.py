@@ -209,7 +209,7 @@ class Scheduler:
 
     def _sequence(self, req: SynthesisRequest) -> Sequence:
         v = req.voice
-        seq = self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.prompt_speech_tokens, req.rng, req)
+        seq = self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.llm_prompt_speech_tokens, req.rng, req)
         seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens)))  # the request's output bound
         return seq
 
