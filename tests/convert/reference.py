@@ -94,11 +94,13 @@ class Reference:
 
     @torch.no_grad()
     def tokens(self, text: list[int], spk: dict) -> list[int]:
+        """Qwen2LM.inference; `llm_prompt_token` (upstream's llm_prompt_speech_token) defaults to the flow's."""
         t = torch.tensor([text], dtype=torch.int32)
+        llm_tok = spk.get("llm_prompt_token", spk["prompt_token"])
         return [int(x) for x in self.llm.inference(
             text=t, text_len=torch.tensor([t.shape[1]], dtype=torch.int32),
             prompt_text=spk["prompt_text"], prompt_text_len=torch.tensor([spk["prompt_text"].shape[1]], dtype=torch.int32),
-            prompt_speech_token=spk["prompt_token"], prompt_speech_token_len=torch.tensor([spk["prompt_token"].shape[1]], dtype=torch.int32),
+            prompt_speech_token=llm_tok, prompt_speech_token_len=torch.tensor([llm_tok.shape[1]], dtype=torch.int32),
             embedding=spk["embedding"])]
 
     # Flow and HiFT ---------------------------------------------------------------------------------
