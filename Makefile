@@ -58,7 +58,18 @@ $(CONVERT_STAMP): $(STAMP)
 	$(PIP) install -q --no-deps "$(UPSTREAM)"
 	touch $@
 
-install-convert: $(CONVERT_STAMP)
+# Upstream's prompt frontend for the voice parity tests imports whisper and torchaudio: openai-whisper's audio
+# code (no deps: its package needs tiktoken and numba only to transcribe), and torchaudio's wheel, downloaded
+# but not installed (PyPI has none for this torch; tests/convert/upstream_frontend.py runs its Python sources).
+REFERENCE_STAMP := $(VENV)/.installed-reference
+WHISPER ?= openai-whisper==20250625
+TORCHAUDIO ?= torchaudio==2.11.0
+$(REFERENCE_STAMP): $(CONVERT_STAMP)
+	$(PIP) install -q --no-deps "$(WHISPER)"
+	$(PIP) download -q --no-deps "$(TORCHAUDIO)" -d $(VENV)/reference-wheels
+	touch $@
+
+install-convert: $(CONVERT_STAMP) $(REFERENCE_STAMP)
 
 # make convert CKPT=path/to/CosyVoice2-0.5B OUT=models/cosyvoice2-0.5b [PRECISION=fp32,fp16]
 convert: install-convert

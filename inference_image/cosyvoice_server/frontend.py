@@ -16,6 +16,7 @@ past its flow noise buffer.
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from functools import cached_property
 from pathlib import Path
@@ -114,6 +115,7 @@ class TextFrontend:
         self.merge_tokens = merge_tokens
         self.text_frontend = text_frontend
         self.hard_max = max(hard_max_tokens, max_tokens_per_segment)
+        self._lock = threading.Lock()
 
     @cached_property
     def _normalizers(self):
@@ -131,10 +133,11 @@ class TextFrontend:
         text = normalize(text)
         if not text or not self.text_frontend:
             return text
-        zh_tn, en_tn, to_words = self._normalizers
-        if contains_chinese(text):
-            return zh_cleanup(zh_tn.normalize(text))
-        return spell_out_numbers(en_tn.normalize(text), to_words)
+        with self._lock:  # the request path and voice registration threads share the normalizers
+            zh_tn, en_tn, to_words = self._normalizers
+            if contains_chinese(text):
+                return zh_cleanup(zh_tn.normalize(text))
+            return spell_out_numbers(en_tn.normalize(text), to_words)
 
     def texts(self, text: str) -> list[str]:
         """The text of each LLM segment."""

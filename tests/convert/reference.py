@@ -76,8 +76,9 @@ class Reference:
         t = torch.tensor([list(spk["prompt_text"].reshape(-1).tolist()) + text])
         parts = [llm.llm_embedding.weight[llm.sos_eos].reshape(1, 1, -1), llm.llm.model.model.embed_tokens(t),
                  llm.llm_embedding.weight[llm.task_id].reshape(1, 1, -1)]
-        if spk["prompt_token"].shape[1]:
-            parts.append(llm.speech_embedding(spk["prompt_token"].long()))
+        llm_tok = spk.get("llm_prompt_token", spk["prompt_token"])
+        if llm_tok.shape[1]:
+            parts.append(llm.speech_embedding(llm_tok.long()))
         return torch.concat(parts, dim=1)
 
     @torch.no_grad()

@@ -135,6 +135,7 @@ class _Tokenizer:
 @functools.cache
 def frontend_class():
     upstream.load()
+    before = set(sys.modules)
     ta, _ = _torchaudio(), _whisper()
     librosa = _module("librosa", filters=_module("librosa.filters", mel=_librosa_mel))
     sys.modules.update({"librosa": librosa, "librosa.filters": librosa.filters})
@@ -143,6 +144,11 @@ def frontend_class():
     audio = _load_file("matcha.utils.audio", Path(matcha.__path__[0]) / "utils" / "audio.py")
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
 
+    # The stand-ins served these imports; other code probing for the real packages (diffusers does) must not
+    # find them. The frontend and Matcha keep their references.
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] in ("torchaudio", "whisper", "librosa"):
+            del sys.modules[name]
     return CosyVoiceFrontEnd, audio.mel_spectrogram, ta
 
 

@@ -190,7 +190,7 @@ def _tokenizer_files(out: Path) -> int:
     return len(fast)
 
 
-def _onnx_stand_ins(out: Path, rng: np.random.Generator) -> None:
+def _onnx_stand_ins(out: Path, rng: np.random.Generator, speech_tokens: int = SPEECH_TOKENS) -> None:
     """campplus.onnx: fbank [1,T,80] -> embedding [1,192]; speech_tokenizer_v2.onnx: log-mel [1,128,T] and
     its length -> token ids [1,T/4] (the published input and output names)."""
     import onnx
@@ -225,7 +225,7 @@ def _onnx_stand_ins(out: Path, rng: np.random.Generator) -> None:
         [proj, numpy_helper.from_array(np.array([2], np.int64), "ax2"),
          numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([2**62], np.int64), "big"),
          numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([4], np.int64), "four"),
-         numpy_helper.from_array(np.float32(1000.0), "scale"), numpy_helper.from_array(np.int64(SPEECH_TOKENS), "vocab")])
+         numpy_helper.from_array(np.float32(1000.0), "scale"), numpy_helper.from_array(np.int64(speech_tokens), "vocab")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / "speech_tokenizer_v2.onnx"))
 
 

@@ -12,13 +12,12 @@
   prompt text nor prompt speech tokens; the flow still gets tokens, mel and embedding.
 
 Resampling goes from the clip's own rate straight to each target rate, as upstream's `load_wav(wav, rate)`.
-The two encoders run on ONNX Runtime's CPU provider with few threads, so registering a voice never competes
-with the synthesis stages for the accelerator or their threads.
+The two encoders run on ONNX Runtime's CPU provider with few threads (small graphs), so registering a voice
+never takes the accelerator from the synthesis stages and adds only a bounded load beside their threads.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +77,6 @@ class PromptEncoder:
         self.tokenizer = _session(model_dir / enc.speech_tokenizer, threads)
         self._tok_in = [i.name for i in self.tokenizer.get_inputs()]
         self._spk_in = self.campplus.get_inputs()[0].name
-        self._lock = threading.Lock()  # ORT sessions run concurrently; this only guards the lazy text normalizers
 
     # The pieces, each as upstream's frontend method of the same job -----------------------------------
     def speech_tokens(self, audio16k: np.ndarray) -> np.ndarray:
@@ -92,8 +90,7 @@ class PromptEncoder:
         return self.campplus.run(None, {self._spk_in: feat[None]})[0].reshape(-1).astype(np.float32)
 
     def prompt_text(self, transcript: str) -> np.ndarray:
-        with self._lock:
-            return np.asarray(self.frontend.prompt_tokens(transcript), np.int64)
+        return np.asarray(self.frontend.prompt_tokens(transcript), np.int64)
 
     # The whole clip ------------------------------------------------------------------------------------
     def extract(self, audio: np.ndarray, sample_rate: int, transcript: str | None, name: str = "") -> Voice:
@@ -114,6 +111,9 @@ class PromptEncoder:
         n = min(len(mel) // ratio, len(tokens))
         if n < 1:
             raise ClipError("The clip is too short to give any speech tokens.")
+        if int(tokens.max()) >= m.llm.speech_token_size:
+            raise ModelLoadError(f"the speech tokenizer gave token {int(tokens.max())}; the model's LLM has "
+                                 f"{m.llm.speech_token_size} speech tokens (a tokenizer from another model?)")
         embedding = self.speaker_embedding(audio16k)
         if embedding.shape != (m.flow.spk_embed_dim,) or not np.isfinite(embedding).all():
             raise ModelLoadError(f"campplus gave an embedding of shape {embedding.shape}; the flow takes "
