@@ -94,9 +94,14 @@ def test_clips_upstream_cannot_use_raise_clip_error(encoder, audio, sr, transcri
         encoder.extract(audio, sr, transcript)
 
 
-def test_a_model_without_prompt_encoders_says_so():
+def test_a_model_without_prompt_encoders_says_so(model_dir, frontend, tmp_path):
+    bare = tmp_path / "bare"
+    shutil.copytree(model_dir, bare)
+    m = yaml.safe_load((bare / "model.yaml").read_text())
+    del m["prompt_encoders"]
+    (bare / "model.yaml").write_text(yaml.safe_dump(m, sort_keys=False))
     with pytest.raises(ModelLoadError, match="prompt_encoders"):
-        PromptEncoder(TINY, load_manifest(TINY), TextFrontend(TINY / "tokenizer.json", 80))
+        PromptEncoder(bare, load_manifest(bare), frontend)
 
 
 def test_tokens_beyond_the_llm_vocabulary_mean_a_mismatched_tokenizer(model_dir, frontend, tmp_path):
