@@ -232,3 +232,23 @@ def test_mel_filters_are_slaney_triangles_of_unit_area():
     assert f[:, hz > 8000].max() == 0  # fmax
     area = (f * (hz[1] - hz[0])).sum(axis=1)
     assert np.allclose(area[1:-1], 1.0, rtol=0.05)  # Slaney norm: equal area per filter
+
+
+def test_a_cross_lingual_voice_gives_the_llm_no_prompt_speech_in_either_mode(encoder):
+    """Whole-text requests and streamed-text sessions build their LLM prefix from the same voice fields."""
+    from types import SimpleNamespace
+
+    from cosyvoice_server.engine.pipeline import Pipeline
+    from cosyvoice_server.scheduling.scheduler import Scheduler
+
+    p = Pipeline(TINY, "cpu", "fp32")
+    xl = encoder.extract(chirp(16000, 2.0), 16000, None)
+    zs = encoder.extract(chirp(16000, 2.0), 16000, "hello")
+    host = SimpleNamespace(p=p)
+    for voice in (xl, zs):
+        req = SimpleNamespace(voice=voice, segments=[np.arange(5)], segment=0, rng=np.random.default_rng(0),
+                              max_tokens=100, tokens=[])
+        whole, streamed = Scheduler._sequence(host, req), Scheduler._session_sequence(host, req)
+        want = len(voice.prompt_text_tokens) + 5 + 2 + (0 if voice.cross_lingual else len(voice.prompt_speech_tokens))
+        assert len(whole.prompt) == want  # sos, prompt text + text, task id, prompt speech
+        assert streamed.bistream.prompt_speech == ([] if voice.cross_lingual else voice.prompt_speech_tokens.tolist())

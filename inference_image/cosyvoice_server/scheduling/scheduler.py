@@ -216,7 +216,7 @@ class Scheduler:
     # Bistream sessions (under self._lock unless said otherwise) -------------------------------
     def _session_sequence(self, req: SynthesisRequest) -> Sequence:
         v = req.voice
-        return self.p.llm.bistream_sequence(v.prompt_text_tokens, v.prompt_speech_tokens, req.rng, req)
+        return self.p.llm.bistream_sequence(v.prompt_text_tokens, v.llm_prompt_speech_tokens, req.rng, req)
 
     def _parked_metrics(self) -> None:
         self.m.parked_sessions.set(len(self._parked))
