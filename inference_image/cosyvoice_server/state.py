@@ -121,20 +121,23 @@ class ServerState:
             max_tokens=self.token_bounds(segments, body.speed)[1],
         )
 
-    def new_bistream_request(self, voice: str | None = None, seed: int | None = None,
+    def new_bistream_request(self, voice: str | Voice | None = None, seed: int | None = None,
                              instructions: str | None = None) -> SynthesisRequest:
         """A session whose text arrives through `req.feed` (push / flush / end); submit it as usual. Its
-        out queue gets audio chunks, a SegmentDone after each segment, then Done. `voice` is a voice or
-        alias (None: the default); ValueError for an unknown one."""
+        out queue gets audio chunks, a SegmentDone after each segment, then Done. `voice`: a resolved
+        Voice, or a bundled voice or alias name (None: the default); ValueError for an unknown name and
+        InstructionError (a ValueError) for instructions the voice or model cannot take."""
         p = self.pipeline
         m = p.manifest
         st = m.streaming
-        name = self.voice(voice)
-        if name is None:
+        if isinstance(voice, Voice):
+            v = voice
+        elif (name := self.voice(voice)) is not None:
+            v = p.voices[name]
+        else:
             raise ValueError(f"unknown voice {voice!r}")
-        if instructions:
-            raise ValueError("instructions are not supported with streamed text input")
-        v = p.voices[name]
+        if instructions and instructions.strip():
+            v = instruct(v, instructions, p.frontend)  # as upstream's inference_instruct2 with a text generator
         return SynthesisRequest(
             segments=[],
             voice=v,

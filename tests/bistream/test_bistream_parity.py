@@ -5,10 +5,12 @@ are printed as PARITY lines (`pytest -s`)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from bistream_reference import bistream_tokens
-from sessions import speak
+from sessions import Session, feed, speak
 
 from cosyvoice_server.frontend import normalize as clean
 from cosyvoice_server.scheduling.request import Outcome, request_rngs
@@ -79,8 +81,6 @@ async def test_each_flushed_segment_is_an_upstream_bistream_call(mini, serve, re
 
 async def test_sessions_batched_together_match_upstream_alone(mini, serve, reference):
     """Six sessions, different texts and voices, fed concurrently: each as upstream one by one."""
-    import asyncio
-
     state = serve(mini, max_batch_size=4)  # fewer slots than sessions: parked ones make room
     words = TEXT.split(" ")
     cases = [(" ".join(words[i:i + 6 + i]), ["spk_a", "spk_b"][i % 2]) for i in range(6)]
@@ -89,3 +89,39 @@ async def test_sessions_batched_together_match_upstream_alone(mini, serve, refer
     for (text, voice), s in zip(cases, sessions):
         assert s.done.outcome == Outcome.OK
         assert s.req.tokens == bistream_tokens(reference, mini.frontend.encode(clean(text)), reference.speaker(voice))
+
+
+@pytest.mark.parametrize("mode", ["instructed", "cross-lingual"])
+async def test_instructed_and_cross_lingual_sessions_match_upstream(mini, serve, reference, mode):
+    """instruct2 (the instruction as the LLM's prompt text, no LLM prompt speech) and a cross-lingual voice
+    (no LLM prompt at all), both with spk_b's flow prompt, as upstream runs them on streamed text."""
+    import dataclasses
+
+    import torch
+
+    state = serve(mini)
+    spk = reference.speaker("spk_b")
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    if mode == "instructed":
+        instructions = "Speak slowly, in a warm voice."
+        req_args = {"voice": "spk_b", "instructions": instructions}
+        prompt_text = torch.tensor([mini.frontend.instruction_tokens(instructions)], dtype=torch.int32)
+    else:
+        v = mini.voices["spk_b"]  # as a clip without transcript gives it: no prompt text, no LLM prompt speech
+        req_args = {"voice": dataclasses.replace(v, cross_lingual=True, prompt_text_tokens=v.prompt_text_tokens[:0])}
+        prompt_text = empty
+    want = bistream_tokens(reference, mini.frontend.encode(clean(TEXT)), {**spk, "prompt_text": prompt_text,
+                                                                           "prompt_token": empty})
+    want_audio = upstream_audio(reference, [want], "spk_b", seed=2)
+    for name, parts in list(chunkings(TEXT).items())[1:3]:
+        req = state.new_bistream_request(seed=2, **req_args)
+        state.scheduler.submit(req)
+        s = Session(req)
+        collecting = asyncio.create_task(s.collect())
+        await feed(req, parts, 0.002)
+        await collecting
+        assert s.done.outcome == Outcome.OK
+        assert req.tokens == want, name
+        err = float(np.abs(s.audio - want_audio).max())
+        report(f"{mode} {name} audio", err)
+        assert s.audio.shape == want_audio.shape and err <= TOL

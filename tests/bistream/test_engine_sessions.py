@@ -175,3 +175,5 @@ async def test_sessions_count_for_admission_and_unknown_voices_are_refused(tiny,
         state.scheduler.release(r, Outcome.CANCELLED)
     with pytest.raises(ValueError, match="unknown voice"):
         state.new_bistream_request("no-such-voice")
+    with pytest.raises(ValueError, match="instructions"):  # the tiny model's tokenizer has no <|endofprompt|>
+        state.new_bistream_request(None, instructions="Whisper.")

@@ -99,3 +99,18 @@ def test_a_sampled_fill_restarts_the_schedule():
     b.add_text([6, 7, 8, 9, 10])
     b.next_block(False)
     assert len(run_to_fill(b)) == 15 and b.history.index(FILL, 5) == 5 + 15
+
+
+def test_a_long_prompt_text_is_taken_up_one_group_per_arriving_token_as_upstream():
+    b = Interleave(list(range(80, 92)), list(range(200, 215)), FILL)  # 12 prompt text tokens, 15 prompt speech
+    b.add_text([1])
+    assert b.next_block(False)[-1] == (SPEECH, 214)  # one group, then decoding straight on
+    run_to_fill(b)
+    assert b.text_cache == [85, 86, 87, 88, 89, 90, 91, 1]
+    assert b.next_block(False) is None  # eight buffered, but no token arrived since the fill
+    b.add_text([2, 3])
+    assert b.next_block(False) == texts(85, 86, 87, 88, 89)  # the first arrival takes one group
+    run_to_fill(b)
+    assert b.next_block(False) == texts(90, 91, 1, 2, 3)  # the second, after the model's next fill
+    run_to_fill(b)
+    assert b.next_block(False) is None and not b.text_cache

@@ -8,12 +8,14 @@ up the model decodes, and the fill token (speech_token_size + 2) is forced at fi
 place of the fill. At the end of the input the rest of the text and task_id go in, and the model decodes
 to eos as the whole-text path does.
 
+Upstream's generator hands over one text token per loop iteration, and an iteration takes at most one
+group after a fill; text that arrived while the model was decoding is replayed here the same way, token
+by token, so the schedule depends on the text tokens only, never on when or in what pieces they came.
 Where upstream is particular and this follows it: nothing runs before the first text token arrives; at
 the end of input the last block fed is fed again before the remaining text (upstream keeps it in
-`lm_input` after the fill); prompt speech tokens not yet interleaved when the input ends are dropped; the
-fill tokens stay in the sampling history. Upstream consumes at most one group per text token it
-receives, which equals "whenever `text` tokens are buffered" when the prompt text is at most a third of
-the prompt speech (upstream's stated assumption); this schedule consumes whenever they are buffered.
+`lm_input` after the fill); prompt speech tokens not yet interleaved when the input ends are dropped; a
+prompt text longer than a third of the prompt speech (an instruction) leaves text behind that later
+tokens take up one group each; the fill tokens stay in the sampling history.
 """
 
 from __future__ import annotations
@@ -49,15 +51,15 @@ class Interleave:
 
     def __post_init__(self) -> None:
         self.text_cache = list(self.prompt_text)
+        self._arrived: list[int] = []  # text tokens not yet handed to the schedule (upstream's generator)
         self._speech_left = list(self.prompt_speech)
         self.lm_input = [(SOS, 0)]
         p, s = len(self.prompt_speech), self.speech_group
         self.next_fill = (p // s + 1) * s - p
 
     def add_text(self, ids: list[int]) -> None:
-        self.text_cache.extend(ids)
+        self._arrived.extend(ids)
         self.text_tokens += len(ids)
-        self.started = self.started or bool(ids)
 
     def _take_text(self) -> list[Item]:
         group, self.text_cache = self.text_cache[: self.text_group], self.text_cache[self.text_group :]
@@ -67,26 +69,32 @@ class Interleave:
         """While WAITING: the block to feed now (the phase becomes INTERLEAVED or FINAL), or None to wait.
         `ended`: no more text will come for this segment (flush or end of input)."""
         assert self.phase == Phase.WAITING
-        if not self.started:
-            return None
-        while self._speech_left and len(self.text_cache) >= self.text_group:
-            self.lm_input += self._take_text() + [(SPEECH, t) for t in self._speech_left[: self.speech_group]]
-            self._speech_left = self._speech_left[self.speech_group :]
-        if not self._speech_left:
-            needs_text = (self.history and self.history[-1] == self.fill) or (not self.history and len(self.lm_input) == 1)
-            if not needs_text:  # the prompt has just been used up: decode straight on
+        while self._arrived:  # one loop iteration of upstream's per text token
+            self.text_cache.append(self._arrived.pop(0))
+            self.started = True
+            if (block := self._iteration()) is not None:
                 self.phase = Phase.INTERLEAVED
-                return self.lm_input
-            if len(self.text_cache) >= self.text_group:
-                group = self._take_text()
-                self.lm_input = group if self.history else self.lm_input + group
-                self.phase = Phase.INTERLEAVED
-                return self.lm_input
-        if not ended:
+                return block
+        if not ended or not self.started:
             return None
         self.lm_input = self.lm_input + [(TEXT, t) for t in self.text_cache] + [(TASK, 0)]
         self.text_cache = []
         self.phase = Phase.FINAL
+        return self.lm_input
+
+    def _iteration(self) -> list[Item] | None:
+        while self._speech_left and len(self.text_cache) >= self.text_group:
+            self.lm_input += self._take_text() + [(SPEECH, t) for t in self._speech_left[: self.speech_group]]
+            self._speech_left = self._speech_left[self.speech_group :]
+        if self._speech_left:
+            return None
+        needs_text = (self.history and self.history[-1] == self.fill) or (not self.history and len(self.lm_input) == 1)
+        if not needs_text:  # the prompt has just been used up: decode straight on
+            return self.lm_input
+        if len(self.text_cache) < self.text_group:
+            return None
+        group = self._take_text()
+        self.lm_input = group if self.history else self.lm_input + group
         return self.lm_input
 
     def forced(self) -> bool:
