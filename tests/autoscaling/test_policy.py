@@ -35,8 +35,9 @@ CASES = [
     # a step saturating the replicas: the served short rate is capped, the queue filling up is the rest
     ("burst-short-window-queue-filling", NO_LIMITS,
      m(8.0, qps_short=10.0, inflight_growth_short=26.0, p95_ms=500), 2, 2, 9, "ScaleUp"),
-    # a rising trend is sized for the rate a cold start (120 s) + rate window (60 s) + interval (15 s) ahead
-    ("trend-forecast", NO_LIMITS, m(36.0, qps_slope=0.05, p95_ms=500), 8, 8, 12, "ScaleUp"),  # 36 → 45.75
+    # a rising trend is sized for the rate a cold start (120 s) + interval (15 s) ahead of the middle of the
+    # rate window (30 s ago)
+    ("trend-forecast", NO_LIMITS, m(36.0, qps_slope=0.05, p95_ms=500), 8, 8, 12, "ScaleUp"),  # 36 → 44.25
     ("flat-noisy-slope-no-forecast", NO_LIMITS, m(36.0, qps_slope=0.01, p95_ms=500), 8, 8, 9, "ScaleUp"),
     ("inflight-target-wins", replace(NO_LIMITS, target_inflight_per_replica=2.0), m(8.0, inflight=20.0, p95_ms=500),
      2, 2, 10, "ScaleUp"),
@@ -113,7 +114,7 @@ def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:
     # nor is that slope followed if the metrics vanish now
     assert decide(120.0, Metrics(), current=10, ready=10, policy=NO_LIMITS, history=d.history).desired == 10
     d = decide(TREND_WINDOW_S + 1, after, current=10, ready=10, policy=NO_LIMITS, history=burst.history)
-    assert d.desired == 20 and "rising" in d.message  # 40 + 0.2 × 195 s = 79 → 20
+    assert d.desired == 19 and "rising" in d.message  # 40 + 0.2 × 165 s = 73 → 18.25
     assert decide(TREND_WINDOW_S + 121, Metrics(), current=10, ready=10, policy=NO_LIMITS,
                   history=d.history).desired == 16  # a trend again, followed: 40 + 0.2 × 120 s = 64 → 16
 

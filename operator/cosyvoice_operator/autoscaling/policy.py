@@ -58,6 +58,7 @@ from .profile import Profile
 RATE_WINDOW_S = 60.0  # rate(...[1m]): the arrival rate and the p95; the guardrail waits this long before adding
 SHORT_WINDOW_S = 30.0  # rate(...[30s]), two scrapes at 15 s: the burst detector
 TREND_WINDOW_S = 300.0  # deriv(...[5m:15s]): the trend; no trend within this long after a burst
+CHI2_1_MEDIAN = 0.454936  # median of a chi-square with one degree of freedom
 BURST_Z = 3.0  # a burst is beyond three standard deviations of the short window's Poisson counting noise
 
 
@@ -140,6 +141,13 @@ class Settings:
         """How far ahead demand is forecast: a replica created now serves after the cold start (plus up to
         one evaluation), and a rate over a window shows a change completely only a window later."""
         return self.cold_start_s + RATE_WINDOW_S + self.interval_s
+
+    @property
+    def trend_horizon_s(self) -> float:
+        """How far ahead a rising trend is projected: what is created now serves after the cold start, and
+        must last until what the next evaluation creates serves; the 1-minute rate it starts from describes
+        the load half a rate window ago (the middle of its window, on a linear rise)."""
+        return self.cold_start_s + self.interval_s + RATE_WINDOW_S / 2
 
     @property
     def history_s(self) -> float:
@@ -263,9 +271,34 @@ def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) 
         return short, "qps (burst, short window)"
     if m.qps_slope is not None and m.qps_slope * TREND_WINDOW_S > s.tolerance * arrival and not after_burst \
             and season_s is None:  # with a recurring pattern, its forecast is the better model of the rise
-        ahead = arrival + m.qps_slope * s.horizon_s
-        return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.horizon_s:.0f} s)"
+        ahead = arrival + m.qps_slope * s.trend_horizon_s
+        return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.trend_horizon_s:.0f} s)"
     return arrival, "qps"
+
+
+def _falling(m: Metrics, s: Settings) -> bool:
+    """The rate fell over the trend window by more than the tolerance and three standard deviations of the
+    1-minute rate's Poisson counting noise."""
+    if m.qps_slope is None or m.arrival_qps is None:
+        return False
+    drop = -m.qps_slope * TREND_WINDOW_S
+    # a least-squares slope over k = trend / rate window independent rates: its change over the window has
+    # the standard deviation of one rate times sqrt(12 k / (k² - 1))
+    k = TREND_WINDOW_S / RATE_WINDOW_S
+    noise = math.sqrt(_rate_noise_var(m) * 12 * k / (k * k - 1))
+    return drop > s.tolerance * m.arrival_qps and drop > BURST_Z * noise
+
+
+def _rate_noise_var(m: Metrics) -> float:
+    """Variance of the 1-minute rate's noise: Poisson counting noise, or more where the service's own history
+    shows more (bursty arrivals): half the median squared change between successive minutes, over the
+    median of a chi-square with one degree of freedom (robust to the history's steps and peaks)."""
+    poisson = max(m.arrival_qps or 0.0, 1.0 / RATE_WINDOW_S) / RATE_WINDOW_S
+    x = m.rate_history
+    if len(x) < 8:
+        return poisson
+    diffs = sorted((b - a) ** 2 for a, b in zip(x, x[1:]))
+    return max(poisson, diffs[len(diffs) // 2] / (2 * CHI2_1_MEDIAN))
 
 
 def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None) -> tuple[float, ...]:
@@ -275,7 +308,7 @@ def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None) -> tuple
     if season_s is None or not m.rate_history:
         return ()
     season = forecast.Season(season_s, 1.0)
-    horizon = max(s.horizon_s + RATE_WINDOW_S, s.follow_trend_s)
+    horizon = max(s.horizon_s, s.follow_trend_s)
     rates = forecast.seasonal(m.rate_history, m.history_step_s, season, horizon)
     lengths: list[float | None] = [m.audio_s] * len(rates)
     if m.audio_s and len(m.work_history) == len(m.rate_history):
@@ -305,9 +338,8 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
         best = demand / per_replica
         which += f" at {per_replica:.2f} req/s per replica ({source})"
         predicted = _seasonal_replicas(m, s, season_s)
-        # the history is of the 1-minute rate, which shows a change completely a rate window late: the
-        # pattern is followed that much further ahead
-        steps = max(1, math.ceil((s.horizon_s + RATE_WINDOW_S) / m.history_step_s))
+        # the horizon already counts the rate window by which the history's 1-minute rate shows a change late
+        steps = max(1, math.ceil(s.horizon_s / m.history_step_s))
         peak = max(predicted[:steps], default=0.0)
         if peak > best * (1 + s.tolerance):
             best, which = peak, (f"the load recurring every {season_s / 60:.0f} min (needs {peak:.2f} replicas "
@@ -343,7 +375,7 @@ def _outage_replicas(now: float, s: Settings, h: History) -> tuple[float | None,
     elapsed = now - h.last_ok
     if h.forecast:
         first = int(elapsed // h.forecast_step_s)
-        window = h.forecast[first:first + max(1, math.ceil((s.horizon_s + RATE_WINDOW_S) / h.forecast_step_s))]
+        window = h.forecast[first:first + max(1, math.ceil(s.horizon_s / h.forecast_step_s))]
         if window:
             best, which = max(window), "the recurring pattern"
     if h.last_slope is not None and h.last_slope > 0:
@@ -487,6 +519,11 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             # a cold start (the recommendation is the most the pattern needs over the horizon). A fixed window
             # would end at the same phase of every cycle: for a trough shorter than it, just as the load
             # returns (the resonance). What is left is one rate window, so a drop is measured, not a blip.
+            down_window = min(down_window, RATE_WINDOW_S)
+        elif _falling(metrics, s):
+            # A decline measured over the whole trend window, beyond the tolerance and the counting noise,
+            # is not a blip that comes back: holding the highest recommendation of a long window would
+            # keep the replicas the load had minutes ago. One rate window, as with a pattern.
             down_window = min(down_window, RATE_WINDOW_S)
         window = [r for t, r in recs if now - t <= down_window]
         desired = min(current, max(window))
