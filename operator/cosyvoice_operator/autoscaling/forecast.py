@@ -69,15 +69,15 @@ def detect_period(series: Sequence[float], step_s: float, min_period_s: float, m
     return Season((best[1] + max(-0.5, min(0.5, shift))) * step_s, best[0])
 
 
-def seasonal(series: Sequence[float], step_s: float, season: Season, horizon_s: float,
-             level_window_s: float = 300.0) -> list[float]:
+def seasonal(series: Sequence[float], step_s: float, season: Season, horizon_s: float) -> list[float]:
     """Forecast of the next ``horizon_s`` (one value per step, the first one step ahead)."""
     period = season.period_s / step_s  # in samples, fractional
     p = int(round(period))
     n = len(series)
-    w = max(1, int(round(level_window_s / step_s)))
-    now_level = sum(series[-w:]) / w
-    then = series[max(0, n - p - w):n - p]
+    # the level: the last whole period against the one before. A shorter window would compare different
+    # phases whenever the period is off by a sample, and read an edge of the pattern as growth.
+    now_level = sum(series[-p:]) / len(series[-p:])
+    then = series[max(0, n - 2 * p):n - p]
     level = now_level / (sum(then) / len(then)) if then and sum(then) > 0 else 1.0
     level = min(2.0, max(0.5, level))  # a level change is a scale, not a new pattern
 
@@ -87,9 +87,11 @@ def seasonal(series: Sequence[float], step_s: float, season: Season, horizon_s: 
 
     out = []
     for h in range(1, int(math.ceil(horizon_s / step_s)) + 1):
-        # each period seen, at this phase and one sample either side (the period is known to about a
-        # sample): the highest of them, so a peak is not forecast late or low because the cycles jitter
-        past = [at(x) for k in range(1, int(n // period) + 1) for d in (-1, 0, 1)
-                if 0 <= (x := n - 1 + h - k * period + d) < n]
+        # the periods seen, averaged at this phase (the counting noise of one cycle averages out), and at
+        # one sample either side (the period is known to about a sample): the highest of the three, so a
+        # peak is not forecast late or low because the cycles jitter
+        shifts = [[at(x) for k in range(1, int(n // period) + 1) if 0 <= (x := n - 1 + h - k * period + d) < n]
+                  for d in (-1, 0, 1)]
+        past = [sum(v) / len(v) for v in shifts if v]
         out.append(level * max(past) if past else now_level)
     return out

@@ -257,7 +257,7 @@ def _season(now: float, m: Metrics, s: Settings, h: History) -> tuple[float | No
     # counting noise of a rate over RATE_WINDOW_S: λ/T for requests; for audio seconds each request adds its
     # length, so about λ·L²/T = mean · L / T
     unit = (m.audio_s or 1.0) if series is m.work_history else 1.0
-    noise = (sum(series) / len(series)) * unit / RATE_WINDOW_S
+    noise = _noise_var(series, (sum(series) / len(series)) * unit / RATE_WINDOW_S)
     found = forecast.detect_period(series, m.history_step_s, s.horizon_s, s.season_min_correlation, noise)
     return (found.period_s if found else None), now
 
@@ -290,14 +290,17 @@ def _falling(m: Metrics, s: Settings) -> bool:
 
 
 def _rate_noise_var(m: Metrics) -> float:
-    """Variance of the 1-minute rate's noise: Poisson counting noise, or more where the service's own history
-    shows more (bursty arrivals): half the median squared change between successive minutes, over the
-    median of a chi-square with one degree of freedom (robust to the history's steps and peaks)."""
-    poisson = max(m.arrival_qps or 0.0, 1.0 / RATE_WINDOW_S) / RATE_WINDOW_S
-    x = m.rate_history
-    if len(x) < 8:
+    """Variance of the 1-minute rate's noise around the load (Poisson counting noise, or what the history shows)."""
+    return _noise_var(m.rate_history, max(m.arrival_qps or 0.0, 1.0 / RATE_WINDOW_S) / RATE_WINDOW_S)
+
+
+def _noise_var(series: Sequence[float], poisson: float) -> float:
+    """Variance of a series' noise: Poisson counting noise, or more where the series shows more (bursty
+    arrivals): half the median squared change between successive samples, over the median of a chi-square
+    with one degree of freedom (the median ignores the changes of the load itself: steps, edges of peaks)."""
+    if len(series) < 8:
         return poisson
-    diffs = sorted((b - a) ** 2 for a, b in zip(x, x[1:]))
+    diffs = sorted((b - a) ** 2 for a, b in zip(series, series[1:]))
     return max(poisson, diffs[len(diffs) // 2] / (2 * CHI2_1_MEDIAN))
 
 
