@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from . import forecast
+from . import profile as profiles
 from .profile import Profile
 
 # The windows of the queries (prometheus.py builds them from these): properties of the signals, not knobs.
@@ -155,15 +156,17 @@ class Settings:
         periods = [p.period_s for p in self.scale_up.policies + self.scale_down.policies]
         return max([self.scale_down.stabilization_s, self.scale_up.stabilization_s, *periods]) + self.interval_s
 
-    def per_replica_rate(self, audio_s: float | None) -> tuple[float | None, str]:
-        """Requests/s one replica takes within the objective, and where that number came from."""
+    def per_replica_rate(self, audio_s: float | None, clump: float = 1.0) -> tuple[float | None, str]:
+        """Requests/s one replica takes within the objective, and where that number came from. ``clump``:
+        the mean size of the clumps a replica's arrivals come in (1: Poisson; see ``profile.clump_size``)."""
         rates: list[tuple[float, str]] = []
         if self.target_qps_per_replica:
             rates.append((self.target_qps_per_replica, "targetQPSPerReplica"))
         if self.profile is not None and self.target_p95_ms:
             length = audio_s if audio_s else max(L.audio_s for L in self.profile.lengths)
-            cap = self.profile.rate_at_slo(self.target_p95_ms * self.sizing_latency_ratio / 1000, length)
-            rates.append((max(cap, 1e-3), f"{self.profile.name} profile at {length:.1f} s of audio per request"))
+            cap = self.profile.rate_at_slo(self.target_p95_ms * self.sizing_latency_ratio / 1000, length, clump)
+            bursts = f", arrivals in clumps of {clump:.1f}" if clump >= 1.05 else ""
+            rates.append((max(cap, 1e-3), f"{self.profile.name} profile at {length:.1f} s of audio per request{bursts}"))
         return min(rates) if rates else (None, "")
 
 
@@ -296,15 +299,49 @@ def _rate_noise_var(m: Metrics) -> float:
 
 def _noise_var(series: Sequence[float], poisson: float) -> float:
     """Variance of a series' noise: Poisson counting noise, or more where the series shows more (bursty
-    arrivals): half the median squared change between successive samples, over the median of a chi-square
-    with one degree of freedom (the median ignores the changes of the load itself: steps, edges of peaks)."""
+    arrivals). From second differences, which a steady rise does not move (their variance is six times the
+    noise's), by the median of their squares over the median of a chi-square with one degree of freedom, which
+    the few large ones at a step or the edge of a peak do not move either."""
     if len(series) < 8:
         return poisson
-    diffs = sorted((b - a) ** 2 for a, b in zip(series, series[1:]))
-    return max(poisson, diffs[len(diffs) // 2] / (2 * CHI2_1_MEDIAN))
+    second = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(series, series[1:], series[2:]))
+    return max(poisson, second[len(second) // 2] / (6 * CHI2_1_MEDIAN))
 
 
-def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None) -> tuple[float, ...]:
+def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
+    """The index of dispersion of the service's arrivals (variance over mean of the counts; 1: Poisson) that
+    the history shows beyond doubt: the 1-minute rate's noise over Poisson's, from its second differences or,
+    with a recurring pattern, from its change over one period (what the pattern does not explain). A median
+    of n squares is known to about 2.33/√n of itself: the estimate is taken two of those lower, so Poisson
+    traffic, whose estimate scatters around 1, is sized as Poisson."""
+    x = m.rate_history
+    p = int(round(season_s / m.history_step_s)) if season_s else 0
+    if p and len(x) >= p + 8:
+        squares, df = sorted((b - a) ** 2 for a, b in zip(x, x[p:])), 2.0
+    elif len(x) >= 8:
+        squares, df = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:])), 6.0
+    else:
+        return 1.0
+    var = squares[len(squares) // 2] / (df * CHI2_1_MEDIAN) / (1 + 2 * 2.33 / math.sqrt(len(squares)))
+    return max(1.0, var * RATE_WINDOW_S / max(demand, 1.0 / RATE_WINDOW_S))
+
+
+def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_s: float | None) -> float:
+    """The mean clump one replica's arrivals come in, at the replicas ``demand`` needs: the service's
+    dispersion shared out by random routing. The replicas depend on the clump and the clump on the replicas:
+    a few fixed-point steps, from Poisson's count up."""
+    if s.profile is None or demand <= 0:
+        return 1.0
+    dispersion = _dispersion(m, season_s, demand)
+    clump, replicas = 1.0, 1.0
+    for _ in range(4):
+        rate, _ = s.per_replica_rate(length, clump)
+        replicas = max(replicas, demand / rate) if rate else replicas
+        clump = profiles.clump_size(dispersion, replicas)
+    return clump
+
+
+def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None, clump: float = 1.0) -> tuple[float, ...]:
     """Replicas the recurring pattern needs at each coming step (one per ``history_step_s``, over the longer
     of the horizon and ``outageForecastSeconds``): its rate, and its request length when the work is
     measured too (longer requests leave a replica fewer requests/s within the objective)."""
@@ -324,7 +361,7 @@ def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None) -> tuple
         lengths = [min(hi, max(lo, w / r)) if r > 0 and w > 0 else m.audio_s for r, w in zip(rates, works)]
     out = []
     for rate, length in zip(rates, lengths):
-        per_replica, _ = s.per_replica_rate(length)
+        per_replica, _ = s.per_replica_rate(length, clump)
         out.append(round(rate / per_replica, 3) if per_replica else 0.0)
     return tuple(out)
 
@@ -335,12 +372,16 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
     forecast (replicas per step, kept for an outage)."""
     best: float | None = None
     which, demand, predicted = "", None, ()
-    per_replica, source = s.per_replica_rate(m.audio_s or h.last_audio_s)
+    length = m.audio_s or h.last_audio_s
+    per_replica, source = s.per_replica_rate(length)
     if per_replica and m.arrival_qps is not None:
         demand, which = _demand(m, s, after_burst, season_s)
+        clump = _clump(m, s, demand, length, season_s)
+        per_replica, source = s.per_replica_rate(length, clump)
+        assert per_replica
         best = demand / per_replica
         which += f" at {per_replica:.2f} req/s per replica ({source})"
-        predicted = _seasonal_replicas(m, s, season_s)
+        predicted = _seasonal_replicas(m, s, season_s, clump)
         # the horizon already counts the rate window by which the history's 1-minute rate shows a change late
         steps = max(1, math.ceil(s.horizon_s / m.history_step_s))
         peak = max(predicted[:steps], default=0.0)

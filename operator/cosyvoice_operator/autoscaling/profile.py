@@ -59,13 +59,25 @@ class Profile:
         c = min(concurrency, self.max_batch_size)
         return c / self.mean_latency_s(c, audio_s)
 
-    def p95_s(self, rate: float, audio_s: float) -> float:
-        """The p95 of response time for Poisson arrivals at ``rate`` per second to one replica."""
-        return _p95(self, round(rate, 3), round(audio_s, 2))
+    def p95_s(self, rate: float, audio_s: float, clump: float = 1.0) -> float:
+        """The p95 of response time for Poisson arrivals at ``rate`` per second to one replica; with
+        ``clump`` > 1, arrivals come in clumps of that mean size (bursty traffic, at the same mean rate)."""
+        return _p95(self, round(rate, 3), round(audio_s, 2), round(max(clump, 1.0), 1))
 
-    def rate_at_slo(self, slo_s: float, audio_s: float) -> float:
+    def rate_at_slo(self, slo_s: float, audio_s: float, clump: float = 1.0) -> float:
         """The highest arrival rate per replica whose p95 response time is within ``slo_s`` (0: never)."""
-        return _rate_at_slo(self, round(slo_s, 4), round(audio_s, 1))
+        return _rate_at_slo(self, round(slo_s, 4), round(audio_s, 1), round(max(clump, 1.0), 1))
+
+
+def clump_size(dispersion: float, replicas: float) -> float:
+    """The mean clump one replica receives when the service's arrivals have index of dispersion
+    ``dispersion`` (variance over mean of the counts; 1: Poisson) and are spread at random over ``replicas``.
+
+    Arrivals in geometric clumps of mean m have dispersion 2m - 1; random routing passes each request of a
+    clump to a replica independently, so one replica's share has dispersion 1 + (dispersion - 1) / replicas.
+    """
+    share = 1.0 + max(0.0, dispersion - 1.0) / max(replicas, 1.0)
+    return (share + 1.0) / 2.0
 
 
 def _interp(x: float, xs: tuple[int, ...], ys: tuple[float, ...]) -> float:
@@ -84,32 +96,47 @@ def _ln_cdf(t: float, mean: float, sigma: float) -> float:
     return 0.5 * (1 + math.erf((math.log(t) - mu) / (sigma * math.sqrt(2))))
 
 
-def _states(p: Profile, rate: float, audio_s: float) -> list[tuple[float, float, float]]:
-    """(probability an arrival finds n in the system, its mean service time, its queueing wait) per n."""
+def _states(p: Profile, rate: float, audio_s: float, clump: float = 1.0) -> list[tuple[float, float, float]]:
+    """(probability an arrival finds n in the system, its mean service time, its queueing wait) per n.
+
+    Arrivals come in clumps of geometric size with mean ``clump`` (1: Poisson), at ``rate / clump`` clumps
+    per second; the replica serves one at a time at the measured, load-dependent rate. The chain only steps
+    down by one, so the flow across each cut gives the next state's probability from the ones below:
+    ``μ(n+1) π(n+1) = rate/clump · Σ_{i≤n} π(i) P(size > n - i)``. A request finds the clump's arrival
+    state plus the requests of its own clump ahead of it.
+    """
     b = p.max_batch_size
-    weights, out, w = [], [], 1.0
-    full = p.throughput(b, audio_s)
-    for n in range(b + p.max_queue_size):
-        if n > 0:
-            w *= rate / p.throughput(min(n, b), audio_s)
+    q = 1.0 - 1.0 / clump  # P(size > k) = q^k
+    weights, cut = [1.0], 1.0  # cut: Σ_{i≤n} π(i) q^(n-i), unnormalised
+    for n in range(b + p.max_queue_size - 1):
+        w = rate / clump * cut / p.throughput(min(n + 1, b), audio_s)
         weights.append(w)
-        service = p.mean_latency_s(min(n + 1, b), audio_s)
-        wait = 0.0 if n < b else (n - b + 1) / full
-        out.append((w, service, wait))
-        if n > b and w < 1e-7 * max(weights):
+        cut = q * cut + w
+        if n + 1 > b and w < 1e-7 * max(weights):
             break
     total = sum(weights)
-    return [(w / total, s, q) for w, s, q in out]
+    # a request is j-th in its clump with probability q^(j-1) / clump: it finds n + j - 1 in the system
+    found, ahead = [], 0.0
+    for n in range(len(weights)):
+        ahead = q * ahead + weights[n] / total / clump
+        found.append(ahead)
+    full = p.throughput(b, audio_s)
+    out = []
+    for n, pr in enumerate(found):
+        wait = 0.0 if n < b else (n - b + 1) / full
+        out.append((pr, p.mean_latency_s(min(n + 1, b), audio_s), wait))
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
-def _p95(p: Profile, rate: float, audio_s: float) -> float:
+def _p95(p: Profile, rate: float, audio_s: float, clump: float = 1.0) -> float:
     if rate >= p.throughput(p.max_batch_size, audio_s):
         return math.inf
-    states = _states(p, rate, audio_s)
+    states = _states(p, rate, audio_s, clump)
+    mass = sum(pr for pr, _, _ in states)  # below 1 by what a clump pushes past the states kept
 
     def cdf(t: float) -> float:
-        return sum(pr * _ln_cdf(t - q, s, p.sigma) for pr, s, q in states)
+        return sum(pr * _ln_cdf(t - q, s, p.sigma) for pr, s, q in states) / mass
 
     lo, hi = 0.0, max(s + q for _, s, q in states) * 10
     for _ in range(40):
@@ -119,14 +146,14 @@ def _p95(p: Profile, rate: float, audio_s: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rate_at_slo(p: Profile, slo_s: float, audio_s: float) -> float:
+def _rate_at_slo(p: Profile, slo_s: float, audio_s: float, clump: float = 1.0) -> float:
     full = p.throughput(p.max_batch_size, audio_s)
     lo, hi = 0.0, full * 0.999
-    if p.p95_s(1e-6, audio_s) > slo_s:
+    if p.p95_s(1e-6, audio_s, clump) > slo_s:
         return 0.0
     for _ in range(30):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if p.p95_s(mid, audio_s) <= slo_s else (lo, mid)
+        lo, hi = (mid, hi) if p.p95_s(mid, audio_s, clump) <= slo_s else (lo, mid)
     return lo
 
 
