@@ -15,7 +15,8 @@
 * ``Oracle``: knows the load of the coming minute, sized from the capacity profile at the SLO, and its
   pods start instantly.
 * ``ReactiveOracle`` (``reactive-bound``): sees the offered rate of the current second (no metric
-  delay, no foresight) and pays the cold start: the bound on what any reactive policy can achieve.
+  delay, no foresight; nothing while the metrics are missing) and pays the cold start: the bound on
+  what any policy reacting to measured load can achieve.
 * ``Static``: a pool sized for the trace's peak (from the capacity profile at the SLO).
 
 Each has ``evaluate(now, obs) -> replicas`` and an ``interval`` (seconds between evaluations).
@@ -183,11 +184,17 @@ class Oracle:
 @dataclass
 class ReactiveOracle(Oracle):
     """The best a reactive policy can know: the offered rate of this very second, without the metric
-    pipeline's delay, but no foresight, and its pods pay the cold start like everyone's. Sized at the
-    target like the oracle. Not a policy one can run: a bound on what reacting to load can achieve."""
+    pipeline's delay, but no foresight, and its pods pay the cold start like everyone's; while the metrics
+    are missing it sees nothing either, and holds. Sized at the target like the oracle. Not a policy one
+    can run: a bound on what reacting to measured load can achieve."""
     name: str = "reactive-bound"
     instant: bool = False
     lookahead_s: int = 1
+
+    def evaluate(self, now: float, obs: Observation) -> int:
+        if obs.empty or obs.metrics.error:
+            return obs.current
+        return super().evaluate(now, obs)
 
 
 @dataclass

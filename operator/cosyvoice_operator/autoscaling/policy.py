@@ -60,6 +60,7 @@ RATE_WINDOW_S = 60.0  # rate(...[1m]): the arrival rate and the p95; the guardra
 SHORT_WINDOW_S = 30.0  # rate(...[30s]), two scrapes at 15 s: the burst detector
 TREND_WINDOW_S = 300.0  # deriv(...[5m:15s]): the trend; no trend within this long after a burst
 CHI2_1_MEDIAN = 0.454936  # median of a chi-square with one degree of freedom
+ESTIMATE_Z = 2.0  # a measured burstiness counts from two standard errors of its estimate up (97.7 % one-sided)
 BURST_Z = 3.0  # a burst is beyond three standard deviations of the short window's Poisson counting noise
 
 
@@ -312,8 +313,8 @@ def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
     """The index of dispersion of the service's arrivals (variance over mean of the counts; 1: Poisson) that
     the history shows beyond doubt: the 1-minute rate's noise over Poisson's, from its second differences or,
     with a recurring pattern, from its change over one period (what the pattern does not explain). A median
-    of n squares is known to about 2.33/√n of itself: the estimate is taken two of those lower, so Poisson
-    traffic, whose estimate scatters around 1, is sized as Poisson."""
+    of n squares is known to about 2.33/√n of itself: the estimate is taken ``ESTIMATE_Z`` of those lower,
+    so Poisson traffic, whose estimate scatters around 1, is sized as Poisson."""
     x = m.rate_history
     p = int(round(season_s / m.history_step_s)) if season_s else 0
     if p and len(x) >= p + 8:
@@ -322,7 +323,7 @@ def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
         squares, df = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:])), 6.0
     else:
         return 1.0
-    var = squares[len(squares) // 2] / (df * CHI2_1_MEDIAN) / (1 + 2 * 2.33 / math.sqrt(len(squares)))
+    var = squares[len(squares) // 2] / (df * CHI2_1_MEDIAN) / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
     return max(1.0, var * RATE_WINDOW_S / max(demand, 1.0 / RATE_WINDOW_S))
 
 
