@@ -330,16 +330,23 @@ def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
 def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_s: float | None) -> float:
     """The mean clump one replica's arrivals come in, at the replicas ``demand`` needs: the service's
     dispersion shared out by random routing. The replicas depend on the clump and the clump on the replicas:
-    a few fixed-point steps, from Poisson's count up."""
-    if s.profile is None or demand <= 0:
+    the fewest replicas n that take the demand with the clump of n (what n replicas need falls as n grows,
+    so that is where the two cross; found by doubling, then bisection)."""
+    dispersion = _dispersion(m, season_s, demand) if s.profile is not None and demand > 0 else 1.0
+    if dispersion <= 1.0:
         return 1.0
-    dispersion = _dispersion(m, season_s, demand)
-    clump, replicas = 1.0, 1.0
-    for _ in range(4):
-        rate, _ = s.per_replica_rate(length, clump)
-        replicas = max(replicas, demand / rate) if rate else replicas
-        clump = profiles.clump_size(dispersion, replicas)
-    return clump
+
+    def short(n: float) -> bool:  # n replicas are too few for the demand at their clump
+        rate, _ = s.per_replica_rate(length, profiles.clump_size(dispersion, n))
+        return bool(rate) and demand / rate > n
+
+    lo, hi = 0.0, max(1.0, demand / (s.per_replica_rate(length)[0] or demand))
+    while short(hi):
+        lo, hi = hi, 2 * hi
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if short(mid) else (lo, mid)
+    return profiles.clump_size(dispersion, hi)
 
 
 def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None, clump: float = 1.0) -> tuple[float, ...]:
