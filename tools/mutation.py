@@ -49,6 +49,7 @@ TESTS = [
     "tests/operator/test_op_validation.py", "tests/operator/test_op_owner.py", "tests/operator/test_op_render_fetch.py",
     "tests/operator/test_op_secrets_used.py",
     "tests/autoscaling/test_policy.py", "tests/autoscaling/test_policy_percent.py", "tests/autoscaling/test_policy_from_spec.py",
+    "tests/autoscaling/test_policy_paths.py",
     "tests/autoscaling/test_prometheus_queries.py",
 ]
 # What the staged tests read besides the packages: helpers, conftests and repository files.
