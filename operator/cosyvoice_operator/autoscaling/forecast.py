@@ -87,11 +87,12 @@ def seasonal(series: Sequence[float], step_s: float, season: Season, horizon_s: 
 
     out = []
     for h in range(1, int(math.ceil(horizon_s / step_s)) + 1):
-        # the periods seen, averaged at this phase (the counting noise of one cycle averages out), and at
-        # one sample either side (the period is known to about a sample): the highest of the three, so a
-        # peak is not forecast late or low because the cycles jitter
-        shifts = [[at(x) for k in range(1, int(n // period) + 1) if 0 <= (x := n - 1 + h - k * period + d) < n]
-                  for d in (-1, 0, 1)]
-        past = [sum(v) / len(v) for v in shifts if v]
-        out.append(level * max(past) if past else now_level)
+        # each period seen, at this phase and one sample either side (the period is known to about a
+        # sample, and the error grows with each period back): the highest of the three, so a peak is not
+        # forecast late or low because the cycles jitter; then averaged over the periods, so the counting
+        # noise of one cycle averages out rather than its highest sample being taken
+        cycles = [[at(x) for d in (-1, 0, 1) if 0 <= (x := n - 1 + h - k * period + d) < n]
+                  for k in range(1, int(n // period) + 1)]
+        past = [max(c) for c in cycles if c]
+        out.append(level * sum(past) / len(past) if past else now_level)
     return out

@@ -311,19 +311,18 @@ def _noise_var(series: Sequence[float], poisson: float) -> float:
 
 def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
     """The index of dispersion of the service's arrivals (variance over mean of the counts; 1: Poisson) that
-    the history shows beyond doubt: the 1-minute rate's noise over Poisson's, from its second differences or,
-    with a recurring pattern, from its change over one period (what the pattern does not explain). A median
-    of n squares is known to about 2.33/√n of itself: the estimate is taken ``ESTIMATE_Z`` of those lower,
-    so Poisson traffic, whose estimate scatters around 1, is sized as Poisson."""
+    the history shows beyond doubt: the 1-minute rate's noise over Poisson's, from its second differences (a
+    steady rise does not move them; their variance is six times the noise's), by the median of their squares
+    (the few large ones at a step do not move it). A median of n squares is known to about 2.33/√n of itself:
+    the estimate is taken ``ESTIMATE_Z`` of those lower, so Poisson traffic, whose estimate scatters around 1,
+    is sized as Poisson. With a recurring pattern the history's changes are mostly the pattern's (its edges,
+    its cycle-to-cycle variation, the period known to a sample), which no estimate separates from arrival
+    noise: the arrivals are taken as Poisson."""
     x = m.rate_history
-    p = int(round(season_s / m.history_step_s)) if season_s else 0
-    if p and len(x) >= p + 8:
-        squares, df = sorted((b - a) ** 2 for a, b in zip(x, x[p:])), 2.0
-    elif len(x) >= 8:
-        squares, df = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:])), 6.0
-    else:
+    if season_s is not None or len(x) < 8:
         return 1.0
-    var = squares[len(squares) // 2] / (df * CHI2_1_MEDIAN) / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
+    squares = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:]))
+    var = squares[len(squares) // 2] / (6 * CHI2_1_MEDIAN) / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
     return max(1.0, var * RATE_WINDOW_S / max(demand, 1.0 / RATE_WINDOW_S))
 
 

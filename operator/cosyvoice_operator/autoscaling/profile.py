@@ -10,7 +10,9 @@ at each concurrency up to the server's batch size. Read as a model of one replic
   ``rate_at_slo`` is the Poisson arrival rate per replica at which the p95 of response time meets the
   objective (a birth-death chain with the measured, load-dependent service rate; arrivals see its
   stationary state). Kubernetes Services spread requests at random, so each replica sees a Poisson
-  share of the service's arrivals, and the replicas needed are ``arrivals / rate_at_slo``.
+  share of the service's arrivals, and the replicas needed are ``arrivals / rate_at_slo``;
+* bursty arrivals are modelled as geometric clumps (``clump``: their mean size), which random routing
+  shares out (``clump_size``): the same chain, stepping up by a clump at a time.
 """
 from __future__ import annotations
 
