@@ -324,3 +324,45 @@ def test_the_decision_history_records_what_the_next_one_needs() -> None:
     after = decide(200.0 + 300, Metrics(qps=40.0, qps_slope=0.2), current=10, ready=10, policy=NO_LIMITS,
                    history=b.history)
     assert after.history.last_slope == 0.2 and "rising" in after.message
+
+
+def test_every_sizing_and_forecast_field_reaches_the_policy() -> None:
+    from cosyvoice_operator.spec import parse_spec
+
+    auto = parse_spec({"autoscaling": {
+        "enabled": True, "maxReplicas": 9, "targetP95LatencyMs": 1500, "capacityProfile": "tiny-cpu",
+        "sizingLatencyRatio": 0.7, "coldStartSeconds": 90, "intervalSeconds": 30, "outageForecastSeconds": 300,
+        "latencyGuardStepPercent": 50, "forecast": {"lookbackSeconds": 7200, "minCorrelation": 0.75}}}).autoscaling
+    s = Settings.from_spec(auto, PROFILE)
+    assert (s.profile, s.sizing_latency_ratio, s.cold_start_s, s.interval_s, s.follow_trend_s, s.guard_step_percent,
+            s.season_lookback_s, s.season_min_correlation) == (PROFILE, 0.7, 90.0, 30.0, 300.0, 50.0, 7200.0, 0.75)
+
+
+FALLING = replace(NO_LIMITS, scale_down=Rules(300.0, ()))
+WINDOW = History(recommendations=((0.0, 10), (200.0, 10)))
+
+
+@pytest.mark.parametrize(("slope", "history", "desired"), [
+    # 20 req/s: Poisson noise of a 1-minute rate 1/3 (req/s)², of a 5-minute least-squares change
+    # sqrt(1/3 × 12 × 5 / 24) = 0.913: a decline counts beyond 3 × 0.913 = 2.74 req/s (and the tolerance, 2)
+    (-0.0091, (), 10), (-0.0092, (), 5),
+    # a history alternating 20/22 (second differences ±4): noise 16 / (6 × 0.455) = 5.86, threshold 11.48 req/s
+    (-0.038, (20.0, 22.0) * 6, 10), (-0.0385, (20.0, 22.0) * 6, 5),
+    # seven samples are too few to measure the noise: Poisson's threshold again
+    (-0.0092, (20.0, 22.0, 20.0, 22.0, 20.0, 22.0, 20.0), 5),
+    # eight are enough
+    (-0.0092, (20.0, 22.0) * 4, 10),
+])
+def test_a_decline_shortens_the_scale_down_window_only_beyond_its_noise(slope: float, history: tuple[float, ...],
+                                                                         desired: int) -> None:
+    m = Metrics(qps=20.0, qps_slope=slope, p95_ms=300, rate_history=history)
+    assert decide(330.0, m, current=10, ready=10, policy=FALLING, history=WINDOW).desired == desired
+
+
+def test_a_small_decline_of_a_large_load_is_within_the_tolerance() -> None:
+    """At 200 req/s the counting noise is small; the tolerance (20 req/s over the window) decides."""
+    s, window = replace(FALLING, max_replicas=100), History(recommendations=((0.0, 60), (200.0, 60)))
+    m = Metrics(qps=200.0, qps_slope=-0.066, p95_ms=300)  # -19.8 req/s over 5 minutes
+    assert decide(330.0, m, current=60, ready=60, policy=s, history=window).desired == 60
+    m = Metrics(qps=200.0, qps_slope=-0.067, p95_ms=300)  # -20.1
+    assert decide(330.0, m, current=60, ready=60, policy=s, history=window).desired == 50
