@@ -16,10 +16,10 @@ How a decision is made (``decide``):
    it exceeds the long one by more than the tolerance and three standard deviations of Poisson noise
    (Knative's panic window: a step is acted on one scrape after it starts; it bypasses the scale-up
    window); on a rising trend (a rise over the trend window beyond the tolerance, no burst within it)
-   the rate at the horizon; with a recurring pattern in the service's own history (``forecast.py``:
-   rate and request length, so a recurring shift to long requests counts too) the most replicas it
-   needs within the horizon plus a rate window. The horizon is ``coldStartSeconds`` plus the rate
-   window plus one evaluation: what is created now serves then. A forecast only adds: it pre-warms
+   the rate a cold start and an evaluation after the middle of the rate window (``trend_horizon_s``);
+   with a recurring pattern in the service's own history (``forecast.py``: rate and request length, so
+   a recurring shift to long requests counts too) the most replicas it needs over ``horizon_s`` of its
+   1-minute samples (``coldStartSeconds`` + one evaluation + the window by which a sample is late). A forecast only adds: it pre-warms
    for a recurring peak and keeps a scale-down from removing replicas that peak will need; with a
    pattern the scale-down window shrinks to one rate window, so no fixed window can fall into step
    with periodic load. Saturated replicas (all ready, batches full, a queue growing) count as what
@@ -27,7 +27,9 @@ How a decision is made (``decide``):
 3. **Sizing**: replicas = demand / the rate one replica takes within the objective. With a
    ``capacityProfile`` that rate comes from the measured replica (``profile.py``: the Poisson rate at
    which the p95 of response time is ``sizingLatencyRatio × targetP95LatencyMs``, for the mean request
-   length now measured); ``targetQPSPerReplica`` is used as given (with both, the lower). The count
+   length now measured, and for the clumps a replica's arrivals come in when the rate history is
+   noisier than Poisson: ``_dispersion``, ``_clump``); ``targetQPSPerReplica`` is used as given (with
+   both, the lower). The count
    depends on demand only, not on how many replicas exist, so **warming pods count as capacity**.
    ``targetInflightPerReplica`` adds a second count; the larger wins.
 4. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1).
@@ -37,7 +39,8 @@ How a decision is made (``decide``):
    ``sizingLatencyRatio × target`` keeps a spare replica above the demand's count. Latency is not
    proportional to replicas, so it never sets the count alone.
 6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
-   ``scaleDown.stabilizationWindowSeconds``, scale-up the lowest of ``scaleUp``'s window. Until a whole
+   ``scaleDown.stabilizationWindowSeconds`` (one rate window with a recurring pattern, or on a decline
+   beyond the tolerance and the noise: ``_falling``), scale-up the lowest of ``scaleUp``'s window. Until a whole
    scale-down window has been observed nothing scales down. The history is part of the decision's
    output; the operator keeps it in ``status.autoscaling.history``, so a restart or a new leader
    resumes the windows where they were.
