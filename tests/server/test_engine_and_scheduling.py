@@ -20,7 +20,7 @@ def test_hops_start_at_first_hop_plus_lookahead_and_double_to_the_max():
     assert p.next(28, False) == Span(0, 25, False)
     spans = [p.next(n, False) for n in range(28, 400)]
     spans = [s for s in spans if s]
-    assert [s.end - s.offset for s in spans][:4] == [50, 100, 100, 100]
+    assert spans[:4] == [Span(25, 75, False), Span(75, 175, False), Span(175, 275, False), Span(275, 375, False)]
     end = p.offset
     assert p.next(end + 3, True) == Span(end, end + 3, True)  # the end: one final chunk over what is left
     assert p.next(end + 3, True) is None
@@ -31,7 +31,9 @@ def test_first_hop_is_padded_to_align_with_the_prompt_and_state_is_per_request()
     a = ChunkPlanner(25, 100, 2, 3, prompt_tokens=17, stream=True)
     b = ChunkPlanner(25, 100, 2, 3, prompt_tokens=17, stream=True)
     assert a.next(35, False) is None and a.next(36, False) == Span(0, 33, False)
-    for n in range(36, 400):
+    # only the first hop is padded: the next ones are 50, 100, ... from where the last one ended
+    assert a.next(85, False) is None and a.next(86, False) == Span(33, 83, False)
+    for n in range(87, 400):
         a.next(n, False)
     assert a.hop == 100 and b.hop == 25  # the upstream bug (#1798) shared and never reset this
     a.new_segment()  # the next segment starts at offset 0 with the request's hop, padded by it: 100 + 83
@@ -54,6 +56,7 @@ def test_seams_cross_fade_with_a_hamming_window_and_hold_back_the_cache():
     assert len(out1) == 22 * hop and c is not None
     np.testing.assert_array_equal(c.mel, mel1[:, -8:])
     np.testing.assert_array_equal(c.speech, first[-8 * hop:])
+    np.testing.assert_array_equal(c.source, (first * 0.1)[-8 * hop:])  # the vocoder continues this source signal
     # the next chunk re-vocodes the 8 cached frames; their audio fades in over the held-back tail
     second = rng.standard_normal(18 * hop).astype(np.float32)
     out2, c2 = seam(second, second, np.zeros((80, 18), np.float32), c, True, cache, hop, window)

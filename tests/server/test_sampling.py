@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cosyvoice_server.engine.sampling import sample_tokens
+from cosyvoice_server.engine.sampling import _draw, nucleus, sample_tokens
 
 EOS = 4  # tokens 0..3 are speech, 4 is end of speech (given a negligible score below)
 
@@ -116,3 +116,65 @@ def test_the_fallback_may_end_speech_once_allowed() -> None:
     tokens = sample_tokens(logits, [[0, 0]] * n, [np.random.default_rng(i) for i in range(n)], np.ones(n, bool),
                            eos=EOS, top_k=1, top_p=1.0, win_size=10, tau_r=0.1)
     assert 0.3 < float(np.mean(tokens == EOS)) < 0.5  # the full distribution, eos included
+
+
+# --- the nucleus cut exactly as upstream's nucleus_sampling: running sum < top_p AND count < top_k ---
+
+
+def test_a_running_sum_exactly_at_top_p_closes_the_nucleus() -> None:
+    """Upstream takes a token only while the sum before it is strictly below top_p: 0.5 + 0.25 == 0.75 stops."""
+    idx, p = nucleus(np.array([0.5, 0.25, 0.25], np.float32), top_p=0.75, top_k=25)
+    assert idx.tolist() == [0, 1] and p.tolist() == [0.5, 0.25]
+
+
+def test_the_cut_can_fall_just_before_the_last_token_of_the_vocabulary() -> None:
+    # 0.6 + 0.3 reaches 0.8 before the least likely token: it is never a candidate
+    assert nucleus(np.array([0.6, 0.3, 0.1], np.float32), top_p=0.8, top_k=25)[0].tolist() == [0, 1]
+    assert nucleus(np.array([0.1, 0.3, 0.6], np.float32), top_p=0.8, top_k=25)[0].tolist() == [2, 1]
+
+
+def test_equally_likely_tokens_keep_their_vocabulary_order_at_the_top_k_cut() -> None:
+    """Upstream sorts with stable=True: among tied tokens the lower ids are the candidates, the same every run."""
+    probs = np.tile(np.array([0.5, 1.0, 0.5, 1.0], np.float32), 16)  # 64 tokens, 32 ties at each level
+    probs /= probs.sum()
+    idx, _ = nucleus(probs, top_p=1.0, top_k=20)
+    assert idx.tolist() == list(range(1, 40, 2))  # the 20 lowest-id tokens of the more likely level
+    idx, _ = nucleus(probs, top_p=1.0, top_k=40)
+    assert idx.tolist() == list(range(1, 64, 2)) + list(range(0, 16, 2))
+
+
+class _EdgeGenerator:
+    """A generator at the lower edge of numpy's random() range [0, 1)."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+def test_a_zero_probability_token_is_never_drawn_even_at_the_generators_edge() -> None:
+    """torch.multinomial never returns a category of probability 0; here token 0's logit underflows to 0."""
+    logits = np.array([[-np.inf, 0.0, np.log(0.5), np.log(0.25), -30.0]], np.float32)
+    fallback = sample_tokens(logits, [[1, 1]], [_EdgeGenerator()], np.ones(1, bool), eos=EOS, top_k=1, top_p=1.0,
+                             win_size=10, tau_r=0.1)  # token 1 repeats: drawn again from the whole distribution
+    assert fallback.tolist() == [1]
+
+
+def test_a_long_tail_of_tiny_probabilities_keeps_its_share() -> None:
+    """Two million tokens each below float32's resolution next to the top one hold 9 % of the mass together;
+    the cumulative sum is kept in float64 (as torch.multinomial accumulates) so that they are still drawn."""
+    probs = np.concatenate([[1.0], np.full(2_000_000, 5e-8)]).astype(np.float32)
+    rng = np.random.default_rng(0)
+    tail = sum(_draw(probs, rng) > 0 for _ in range(150))
+    assert 5 <= tail <= 25  # 150 × 0.091 ≈ 14
+
+
+def test_a_row_of_nan_logits_leaves_the_other_rows_of_the_batch_alone() -> None:
+    """A numerically broken row (an fp16 overflow) must not raise and take its batch mates' requests down."""
+    good = np.log(np.array([0.5, 0.3, 0.15, 0.05, 1e-30], np.float32))
+    logits = np.stack([np.full(EOS + 1, np.nan, np.float32), good])
+    for history in ([], [0] * 10):
+        with np.errstate(invalid="ignore"):
+            both = sample_tokens(logits, [list(history)] * 2, [np.random.default_rng(7), np.random.default_rng(8)],
+                                 np.ones(2, bool), eos=EOS, top_k=25, top_p=0.8, win_size=10, tau_r=0.1)
+        alone = sample_tokens(logits[1:], [list(history)], [np.random.default_rng(8)], np.ones(1, bool), eos=EOS,
+                              top_k=25, top_p=0.8, win_size=10, tau_r=0.1)
+        assert both[1] == alone[0]
