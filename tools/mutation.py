@@ -7,7 +7,7 @@ modules in ``MODULES`` are mutated and only ``TESTS`` run. Survivors listed in
 ``tests/mutation-equivalents.txt`` (a mutant name and a one-line reason: the mutant behaves like
 the original) are excluded from the score; every other survivor is printed with its diff.
 
-    python -m tools.mutation [--jobs N] [--module SUBSTRING] [--min-score 90]
+    python -m tools.mutation [--jobs N] [--module SUBSTRING] [--function NAME] [--min-score 90]
 """
 from __future__ import annotations
 
@@ -101,29 +101,37 @@ def stage() -> None:
         pyproject.write_text(config)
 
 
-def in_scope(mutant: str) -> str | None:
-    """The module a mutant belongs to if it is in scope ("pkg.mod.x_func__mutmut_3", "pkg.mod.xǁClassǁmeth__mutmut_1")."""
+def function_of(mutant: str) -> str:
+    """The function or method a mutant changes ("pkg.mod.x_func__mutmut_3" -> func, "pkg.mod.xǁClassǁmeth__mutmut_1" -> meth)."""
+    return mutant.rpartition(".")[2].split("__mutmut_")[0].removeprefix("x_").split("ǁ")[-1]
+
+
+def in_scope(mutant: str, only: frozenset[str] = frozenset()) -> str | None:
+    """The module a mutant belongs to if it is in scope (and, given `only`, changes one of those functions)."""
     for module, functions in MODULES.items():
         dotted = module.removesuffix(".py").replace("/", ".")
         head, _, rest = mutant.partition(dotted + ".")
         if head or not rest:
             continue
-        function = rest.split("__mutmut_")[0].removeprefix("x_").split("ǁ")[-1]
-        return module if functions is None or function in functions else None
+        function = function_of(mutant)
+        wanted = (functions is None or function in functions) and (not only or function in only)
+        return module if wanted else None
     return None
 
 
-def patterns(modules: list[str]) -> list[str]:
+def patterns(modules: list[str], only: frozenset[str] = frozenset()) -> list[str]:
     """mutmut name patterns for the mutants in scope. Naming them makes mutmut re-test every one of
     them, so results never stand from an earlier run with other tests."""
     out = []
     for module in modules:
         dotted = module.removesuffix(".py").replace("/", ".")
         functions = MODULES[module]
-        if functions is None:
+        if functions is None and not only:
             out.append(f"{dotted}.*")
-        else:
-            out += [f"{dotted}.x_{f}__mutmut_*" for f in functions] + [f"{dotted}.xǁ*ǁ{f}__mutmut_*" for f in functions]
+            continue
+        names = set(functions) if functions is not None else set(only)
+        names = sorted(names & only if only else names)
+        out += [f"{dotted}.x_{f}__mutmut_*" for f in names] + [f"{dotted}.xǁ*ǁ{f}__mutmut_*" for f in names]
     return out
 
 
@@ -147,19 +155,20 @@ def results() -> dict[str, str]:
     return out
 
 
-def report(min_score: float, modules: list[str]) -> int:
-    statuses = {m: s for m, s in results().items() if in_scope(m) in modules}
+def report(min_score: float, modules: list[str], only: frozenset[str] = frozenset()) -> int:
+    statuses = {m: s for m, s in results().items() if in_scope(m, only) in modules}
     known = equivalents()
-    stale = sorted(set(known) - set(statuses)) if len(modules) == len(MODULES) else []
+    stale = sorted(set(known) - set(statuses)) if len(modules) == len(MODULES) and not only else []
     survivors: list[str] = []
     rows = []
     total = Counter[str]()
     for module in modules:
-        mine = {m: s for m, s in statuses.items() if in_scope(m) == module}
+        mine = {m: s for m, s in statuses.items() if in_scope(m, only) == module}
         counts = Counter(mine.values())
-        equivalent = sum(1 for m in mine if m in known)
+        unrun_names = {m for m, s in mine.items() if s in ("not checked", "skipped")}
+        equivalent = sum(1 for m in mine if m in known and m not in unrun_names)
         killed = sum(1 for m, s in mine.items() if s in KILLED and m not in known)
-        unrun = sum(1 for s in mine.values() if s in ("not checked", "skipped"))
+        unrun = len(unrun_names)
         scored = len(mine) - equivalent - unrun
         # "no tests" (no test reaches the code) and timeouts-free survivors both count against the score
         left = sorted(m for m, s in mine.items() if s not in KILLED and m not in known
@@ -182,7 +191,10 @@ def report(min_score: float, modules: list[str]) -> int:
     if stale:
         print(f"\n{EQUIVALENTS.relative_to(ROOT)} names mutants that no longer exist: {', '.join(stale)}")
     if total["unrun"]:
-        print(f"\n{total['unrun']} mutants were not run (an interrupted run?): the score leaves them out")
+        print(f"\n{total['unrun']} mutants were not run (not in the last run, or it was interrupted): the score leaves them out")
+    if not total["mutants"]:
+        print("\nno mutant matches the modules and functions asked for")
+        return 1
     print(f"\nmutation score {score:.1f}% (equivalent mutants excluded; {total['left']} survivors listed above)")
     return 0 if score >= min_score and not stale and not total["unrun"] else 1
 
@@ -191,10 +203,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested in parallel")
     parser.add_argument("--module", action="append", default=[], help="only modules whose path contains this")
+    parser.add_argument("--function", action="append", default=[],
+                        help="only mutants of this function or method (by name) in the selected modules")
     parser.add_argument("--min-score", type=float, default=90.0)
     parser.add_argument("--report-only", action="store_true", help="report the last run's results")
     args = parser.parse_args()
     modules = [m for m in MODULES if not args.module or any(s in m for s in args.module)]
+    only = frozenset(args.function)
+    if not modules or not patterns(modules, only):
+        parser.error("no module or function in scope matches --module/--function")
     stage()
     if not args.report_only:
         # mutmut copies the packages into mutants/ once and keeps files it finds there: start from the
@@ -205,11 +222,11 @@ def main() -> int:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         with log.open("w") as out:
             run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.jobs),
-                                  *patterns(modules)], cwd=STAGE, env=env, stdout=out, stderr=subprocess.STDOUT)
+                                  *patterns(modules, only)], cwd=STAGE, env=env, stdout=out, stderr=subprocess.STDOUT)
         if run.returncode != 0:
             print(log.read_text()[-3000:], f"\nmutmut run failed with exit code {run.returncode}", file=sys.stderr)
             return run.returncode
-    return report(args.min_score, modules)
+    return report(args.min_score, modules, only)
 
 
 if __name__ == "__main__":
