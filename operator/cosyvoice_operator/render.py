@@ -100,8 +100,8 @@ def common_labels(name: str, spec: CosyVoiceServiceSpec) -> dict[str, str]:
     return labels
 
 
-def _metadata(owner: Owner, spec: CosyVoiceServiceSpec, name: str | None = None) -> Obj:
-    meta: Obj = {"name": name or owner.name, "namespace": owner.namespace, "labels": common_labels(owner.name, spec)}
+def _metadata(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
+    meta: Obj = {"name": owner.name, "namespace": owner.namespace, "labels": common_labels(owner.name, spec)}
     if owner.uid:
         meta["ownerReferences"] = [{
             "apiVersion": API_VERSION, "kind": KIND, "name": owner.name, "uid": owner.uid,

@@ -251,6 +251,9 @@ def test_every_container_runs_restricted_with_a_writable_tmp() -> None:
     p = pod({"storage": {"storageUri": "s3://b/m"}, "gpu": {"migProfile": "1g.10gb"}})
     assert p["securityContext"]["runAsNonRoot"] is True
     assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # volumes belong to the pod's group, and a volume already owned by it (a large model PVC) is not re-owned
+    # file by file at every start
+    assert p["securityContext"]["fsGroup"] == 10001 and p["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     assert p["automountServiceAccountToken"] is False and p["enableServiceLinks"] is False
     for c in [*p["initContainers"], *p["containers"]]:
         sc = c["securityContext"]
@@ -310,7 +313,9 @@ def test_pod_disruption_budget() -> None:
     assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     min_available = rendered({"podDisruptionBudget": {"minAvailable": 2}}).get("PodDisruptionBudget")
-    assert min_available["spec"]["minAvailable"] == 2
+    assert min_available["spec"]["minAvailable"] == 2 and "maxUnavailable" not in min_available["spec"]
+    max_unavailable = rendered({"podDisruptionBudget": {"maxUnavailable": 2}}).get("PodDisruptionBudget")
+    assert max_unavailable["spec"]["maxUnavailable"] == 2 and "minAvailable" not in max_unavailable["spec"]
     off = rendered({"podDisruptionBudget": {"enabled": False}})
     assert off.get("PodDisruptionBudget") is None and ("policy/v1", "PodDisruptionBudget") in off.absent
 
@@ -325,6 +330,25 @@ def test_service_and_endpoint() -> None:
     assert r.endpoint(OWNER, parse_spec(spec)) == "http://tts.speech.svc.cluster.local:80"
 
 
+def test_kubectl_logs_and_exec_pick_the_server_container() -> None:
+    """With the fetch-model init container in the pod, kubectl needs the default container named."""
+    dep = deployment({"storage": {"storageUri": "s3://b/m"}})
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    assert ann["kubectl.kubernetes.io/default-container"] == dep["spec"]["template"]["spec"]["containers"][0]["name"]
+
+
+def test_pods_run_as_the_service_account_and_pull_with_the_secrets_asked_for() -> None:
+    p = pod({"serviceAccountName": "tts-runner", "imagePullSecrets": [{"name": "reg"}, {"name": "mirror"}]})
+    assert p["serviceAccountName"] == "tts-runner"
+    assert p["imagePullSecrets"] == [{"name": "reg"}, {"name": "mirror"}]
+    assert "serviceAccountName" not in pod({}) and "imagePullSecrets" not in pod({})
+
+
+def test_rollback_history_keeps_five_revisions() -> None:
+    """`kubectl rollout undo` can go back five revisions (docs/operator.md); older ReplicaSets are removed."""
+    assert deployment({})["spec"]["revisionHistoryLimit"] == 5
+
+
 def test_monitoring_annotations_and_service_monitor() -> None:
     ann = deployment({})["spec"]["template"]["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8000"
@@ -332,9 +356,15 @@ def test_monitoring_annotations_and_service_monitor() -> None:
     assert "prometheus.io/scrape" not in deployment({"monitoring": {"enabled": False}})["spec"]["template"][
         "metadata"]["annotations"]
     assert rendered({}).get("ServiceMonitor") is None
-    sm = rendered({"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}).get(
-        "ServiceMonitor")
+    out = rendered({"monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    sm = out.get("ServiceMonitor")
+    assert (sm["apiVersion"], sm["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom"
+    # it selects this service's Service and no other CosyVoiceService's
+    match = sm["spec"]["selector"]["matchLabels"].items()
+    assert match and match <= out.get("Service")["metadata"]["labels"].items()
+    other = rendered({}, r.Owner("other", "speech", uid="u-2")).get("Service")
+    assert not match <= other["metadata"]["labels"].items()
     # the autoscaler's queries and the alerts select one service's pods by cosyvoice_service=<CR name>
     assert sm["spec"]["endpoints"] == [{
         "port": "http", "path": "/metrics", "interval": "15s",
