@@ -135,6 +135,14 @@ def test_cpu_only_requests_no_gpu_and_runs_fp32() -> None:
     assert env({"precision": "int8"})["COSYVOICE_PRECISION"] == "int8"
 
 
+def test_tolerations_render_with_their_kubernetes_field_names() -> None:
+    """A NoExecute toleration keeps its tolerationSeconds: pods stay that long on a node that goes bad."""
+    tol = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+    p = pod({"tolerations": [tol]})
+    assert p["tolerations"] == [tol]
+    validate(deployment({"tolerations": [tol]}))
+
+
 def test_gpu_pods_tolerate_the_gpu_taint_once() -> None:
     assert pod({"gpu": {"migProfile": "1g.10gb"}})["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -230,6 +238,7 @@ def test_api_key_secret_is_mounted_as_the_file_the_server_reads() -> None:
     vol = next(v for v in p["volumes"] if v["name"] == "api-key")
     assert vol["secret"]["secretName"] == "tts-key"
     assert vol["secret"]["items"] == [{"key": "token", "path": "api-key"}]
+    assert vol["secret"]["defaultMode"] == 0o440  # the pod's user and group read it; nobody else, nothing runs it
     mount = next(m for m in server(spec)["volumeMounts"] if m["name"] == "api-key")
     assert e["COSYVOICE_API_KEY_FILE"] == f"{mount['mountPath']}/api-key" and mount["readOnly"] is True
     assert "COSYVOICE_API_KEY_FILE" not in env({})
@@ -242,6 +251,8 @@ def test_probes_and_graceful_shutdown_fit_the_drain() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
     assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 7}}}
+    # a crash's last log lines become its termination message, which the CR's Ready condition quotes
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert p["terminationGracePeriodSeconds"] > 7 + 45
     assert env(spec)["COSYVOICE_DRAIN_TIMEOUT_S"] == "45"
     assert "lifecycle" not in server({"shutdown": {"preStopSleepSeconds": 0}})
@@ -299,6 +310,8 @@ def test_version_label_only_for_plain_tags() -> None:
     assert r.image_version("ghcr.io/a/b:1.2.3") == "1.2.3"
     assert r.image_version("registry:5000/a/b") is None
     assert r.image_version("ghcr.io/a/b@sha256:" + "0" * 64) is None
+    assert r.image_version("ghcr.io/a/b@sha256:abc") is None  # a digest, however it is spelled
+    assert r.image_version("ghcr.io/a/b:1.2:3") is None  # not repo:tag: no version is guessed
     labels = deployment({"image": "registry:5000/a/b"})["metadata"]["labels"]
     assert "app.kubernetes.io/version" not in labels
 
