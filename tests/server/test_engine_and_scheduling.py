@@ -38,6 +38,10 @@ def test_first_hop_is_padded_to_align_with_the_prompt_and_state_is_per_request()
     assert a.hop == 100 and b.hop == 25  # the upstream bug (#1798) shared and never reset this
     a.new_segment()  # the next segment starts at offset 0 with the request's hop, padded by it: 100 + 83
     assert a.next(185, False) is None and a.next(186, False) == Span(0, 183, False)
+    # a streamed-text session restarts the hop for each segment: its first audio comes as soon as the first one's
+    a.new_segment(restart_hop=True)
+    assert a.next(35, False) is None and a.next(36, False) == Span(0, 33, False)
+    assert a.next(86, False) == Span(33, 83, False)  # and grows again from there
 
 
 def test_without_streaming_a_segment_is_one_final_chunk():
