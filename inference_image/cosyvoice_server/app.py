@@ -15,6 +15,7 @@ from . import __version__
 from .api import errors
 from .api.auth import require_api_key
 from .api.openai import router
+from .api.voices import router as voices_router
 from .config import Settings
 from .gpu import NVMLCollector
 from .metrics import Metrics
@@ -28,7 +29,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     """`on_fatal(message)` is called if the model cannot be loaded (the CLI then exits non-zero)."""
     metrics = Metrics()
     metrics.registry.register(NVMLCollector())
-    state = ServerState(settings, metrics, api_key=settings.resolved_api_key())
+    state = ServerState(settings, metrics, api_key=settings.resolved_api_key(),
+                        registration_key=settings.resolved_registration_key())
 
     async def load() -> None:
         try:
@@ -59,6 +61,7 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.include_router(router)
+    app.include_router(voices_router)
     if settings.docs:
         _add_documents(app)
 

@@ -13,7 +13,7 @@ from .config import ConfigError, Settings, env_name, flag_name, from_env_and_arg
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the HTTP server", description="Every flag can also be set as the environment variable shown.")
-    types = {"model_dir": Path, "api_key_file": Path}
+    types = {name: Path for name, field in Settings.model_fields.items() if field.annotation in (Path, Path | None)}
     for name, field in Settings.model_fields.items():
         flag = flag_name(name)
         if flag is None:
@@ -21,7 +21,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         ann = field.annotation
         kind = types.get(name) or (int if ann in (int, int | None) else float if ann is float else str)
         choices = getattr(ann, "__args__", None) if str(ann).startswith("typing.Literal") else None
-        p.add_argument(flag, type=kind, choices=choices, default=None,
+        # A switch given alone turns on (`--allow-voice-registration`); `--docs false` still works.
+        switch = {"nargs": "?", "const": "true"} if ann is bool else {}
+        p.add_argument(flag, type=kind, choices=choices, default=None, **switch,
                        help=f"{field.description or ''} [env {env_name(name)}; default {field.default}]")
 
 
@@ -48,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
         validate_model_dir(settings.model_dir, extra_aliases=settings.voice_alias_table())
         Runtime(settings.device, RuntimeOptions(device_id=settings.device_id))
         settings.resolved_api_key()
+        settings.resolved_registration_key()
     except (ModelLoadError, DeviceError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BUNDLED_MODEL = Path(__file__).parent / "models" / "tiny"
 # Settings with no `serve` flag: a secret belongs in the environment or a file, not in argv (`ps` shows argv).
-ENV_ONLY = frozenset({"api_key"})
+ENV_ONLY = frozenset({"api_key", "voice_registration_key"})
 
 
 class Settings(BaseModel):
@@ -38,6 +38,20 @@ class Settings(BaseModel):
                                       "added over the model.yaml voices.aliases table")
     api_key: str | None = Field(None, description="if set, /v1/* requires 'Authorization: Bearer <key>'", repr=False)
     api_key_file: Path | None = Field(None, description="file holding the API key (a mounted Secret); read at start-up; empty or unreadable stops the server")
+    voice_store_dir: Path | None = Field(None, description="directory of registered (cloned) voices, shared by every replica "
+                                         "(a ReadWriteMany volume); its voices are served even with registration off")
+    allow_voice_registration: bool = Field(False, description="accept POST and DELETE /v1/audio/voices (voice cloning "
+                                           "from an uploaded clip); needs --voice-store-dir")
+    voice_registration_key: str | None = Field(None, description="key for POST/DELETE /v1/audio/voices; the API key "
+                                               "alone cannot register voices when it is set", repr=False)
+    voice_registration_key_file: Path | None = Field(None, description="file holding the registration key (a mounted "
+                                                     "Secret); required with registration when an API key is set")
+    max_voice_upload_bytes: int = Field(8 * 2**20, ge=1024, le=2**30, description="largest voice registration upload "
+                                        "(413 beyond, refused before it is read whole)")
+    voice_registration_concurrency: int = Field(1, ge=1, le=64, description="voice registrations extracting features at "
+                                                "once; more get 429 (extraction runs beside synthesis)")
+    voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
+                                   "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")
     device_id: int = Field(0, ge=0, description="CUDA device ordinal (a MIG slice is always 0 inside its container)")
     gpu_mem_limit_bytes: int | None = Field(None, ge=0, description="ONNX Runtime CUDA arena limit")
@@ -56,27 +70,49 @@ class Settings(BaseModel):
     def resolved_api_key(self) -> str | None:
         """The key /v1/* requires, or None when none is configured. A key that was asked for but is blank
         or unreadable raises ConfigError: authentication fails closed, never silently off."""
-        if self.api_key is not None:
-            if not self.api_key.strip():
-                raise ConfigError(f"{env_name('api_key')} is set but blank; refusing to start with authentication off")
-            return self.api_key.strip()
-        if self.api_key_file is None:
-            return None
-        path = self.api_key_file
-        if path == Path("."):
-            raise ConfigError(f"{env_name('api_key_file')} is set but blank; refusing to start with authentication off")
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"API key file {path}: cannot read it ({exc.strerror or exc}); "
-                              "refusing to start without the authentication it asks for") from None
-        try:
-            key = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise ConfigError(f"API key file {path}: not UTF-8 text; refusing to start") from None
-        if not key:
-            raise ConfigError(f"API key file {path} is empty; refusing to start with authentication off")
+        return _resolved_key(self.api_key, self.api_key_file, "api_key")
+
+    def resolved_registration_key(self) -> str | None:
+        """The key voice registration requires (None: registration is as open as the rest of /v1).
+
+        With an API key but no registration key, enabled registration is a ConfigError: whoever may
+        synthesize must not thereby be able to clone voices."""
+        key = _resolved_key(self.voice_registration_key, self.voice_registration_key_file, "voice_registration_key")
+        if self.allow_voice_registration:
+            if self.voice_store_dir is None:
+                raise ConfigError(f"voice registration needs a store: set {flag_name('voice_store_dir')} "
+                                  "(a volume every replica mounts)")
+            if key is None and self.resolved_api_key() is not None:
+                raise ConfigError(f"voice registration with an API key needs its own key: set "
+                                  f"{env_name('voice_registration_key_file')} (or {env_name('voice_registration_key')}); "
+                                  "the synthesis key alone must not be able to clone voices")
+        if key is not None and key == self.resolved_api_key():
+            raise ConfigError("the voice registration key equals the API key; give registration a key of its own")
         return key
+
+
+def _resolved_key(value: str | None, file: Path | None, name: str) -> str | None:
+    what = "API key" if name == "api_key" else "Voice registration key"
+    if value is not None:
+        if not value.strip():
+            raise ConfigError(f"{env_name(name)} is set but blank; refusing to start with authentication off")
+        return value.strip()
+    if file is None:
+        return None
+    if file == Path("."):
+        raise ConfigError(f"{env_name(name + '_file')} is set but blank; refusing to start with authentication off")
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{what} file {file}: cannot read it ({exc.strerror or exc}); "
+                          "refusing to start without the authentication it asks for") from None
+    try:
+        key = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} file {file}: not UTF-8 text; refusing to start") from None
+    if not key:
+        raise ConfigError(f"{what} file {file} is empty; refusing to start with authentication off")
+    return key
 
 
 class ConfigError(ValueError):
@@ -98,7 +134,7 @@ def env_name(field: str) -> str:
 
 # An empty variable normally means "unset"; for these it means a Secret resolved to nothing, which
 # must stop the server rather than turn authentication off.
-_FAIL_CLOSED = ("api_key", "api_key_file")
+_FAIL_CLOSED = ("api_key", "api_key_file", "voice_registration_key", "voice_registration_key_file")
 
 
 def from_env_and_args(args: dict[str, object]) -> Settings:

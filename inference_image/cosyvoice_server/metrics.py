@@ -42,6 +42,22 @@ class Metrics:
         self.parked_kv_bytes = Gauge(
             "cosyvoice_stream_parked_kv_bytes", "Bytes of KV cache held by parked streamed-text sessions.", registry=r)
         self.capacity = Gauge("cosyvoice_admission_capacity", "Requests that can be in flight before new ones get 429.", registry=r)
+        self.voice_cache_bytes = Gauge(
+            "cosyvoice_voice_cache_bytes", "Memory held by registered voices' prompt tensors (bounded by voice_cache_bytes).",
+            registry=r)
+        self.voice_cache_lookups = Counter(
+            "cosyvoice_voice_cache_lookups", "Registered-voice lookups by requests, by result (hit: tensors in memory; "
+            "miss: read from the voice store).", ["result"], registry=r)
+        self.registered_voices = Gauge(
+            "cosyvoice_registered_voices", "Voices in the shared voice store (counted at each scrape).", registry=r)
+        self.voice_registration_duration = Histogram(
+            "cosyvoice_voice_registration_seconds", "Time of a successful voice registration: upload decoding, feature "
+            "extraction and the store's write.", buckets=LATENCY_BUCKETS, registry=r)
+        self.voice_registrations = Counter(
+            "cosyvoice_voice_registrations", "Voice registrations answered, by result (ok, or the error code of a refusal "
+            "such as audio_too_long, voice_exists, registration_busy).", ["result"], registry=r)
+        for result in ("hit", "miss"):
+            self.voice_cache_lookups.labels(result)
         for stage in STAGES:
             self.queue_depth.labels(stage)
             self.batch_size.labels(stage)

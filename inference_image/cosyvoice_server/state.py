@@ -18,6 +18,7 @@ from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
 from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .streaming import ChunkPlanner
 from .streamtext import StreamTokenizer
+from .voices.store import PromptCache, VoiceStore
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class ServerState:
     settings: Settings
     metrics: Metrics
     api_key: str | None = None
+    registration_key: str | None = None
     pipeline: Pipeline | None = None
     scheduler: Scheduler | None = None
     ready: bool = False
@@ -58,6 +60,9 @@ class ServerState:
     load_error: str | None = None
     voice_aliases: dict[str, str] = field(default_factory=dict)  # alias -> voice, model.yaml + --voice-aliases
     created: int = field(default_factory=lambda: int(time.time()))
+    voice_store: VoiceStore | None = None
+    prompt_cache: PromptCache | None = None
+    prompt_encoder: object | None = None  # voices.features.PromptEncoder while registration is allowed
 
     @property
     def model_id(self) -> str:
@@ -75,6 +80,14 @@ class ServerState:
         self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts)
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
+        if s.voice_store_dir is not None:
+            self.voice_store = VoiceStore(s.voice_store_dir)
+            self.prompt_cache = PromptCache(self.voice_store, s.voice_cache_bytes, self._count_lookup)
+            self.metrics.registered_voices.set_function(self.voice_store.count)
+        if s.allow_voice_registration:
+            from .voices.features import PromptEncoder
+
+            self.prompt_encoder = PromptEncoder(s.model_dir, self.pipeline.manifest, self.pipeline.frontend, opts)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20))), self.metrics)
         self.scheduler.start()
@@ -93,17 +106,32 @@ class ServerState:
             raise RuntimeError(f"warm-up synthesis failed: {item.message}")
 
     def voice(self, name: str | None) -> str | None:
-        """The voice a requested name (a voice or an alias) stands for; the default for None; None if unknown."""
+        """The bundled voice a requested name (a voice or an alias) stands for; the default for None; None if unknown."""
         if name is None:
             return self.pipeline.manifest.voices.default
         name = self.voice_aliases.get(name, name)
         return name if name in self.pipeline.voices else None
 
-    def new_request(self, body: SpeechRequest) -> SynthesisRequest:
+    async def find_voice(self, name: str | None) -> Voice | None:
+        """A bundled voice or alias first (they cannot be shadowed), then a registered voice; None if unknown."""
+        bundled = self.voice(name)
+        if bundled is not None:
+            return self.pipeline.voices[bundled]
+        if self.prompt_cache is None or name is None:
+            return None
+        found = await asyncio.to_thread(self.prompt_cache.lookup, name)
+        self.metrics.voice_cache_bytes.set(self.prompt_cache.bytes)
+        return found
+
+    def _count_lookup(self, hit: bool) -> None:
+        self.metrics.voice_cache_lookups.labels("hit" if hit else "miss").inc()
+
+    def new_request(self, body: SpeechRequest, voice: Voice | None = None) -> SynthesisRequest:
+        """`voice`: as `find_voice` resolved it; None looks the request's voice up among the bundled ones."""
         p = self.pipeline
         m = p.manifest
         st = m.streaming
-        voice = p.voices[self.voice(body.voice_id)]
+        voice = voice or p.voices[self.voice(body.voice_id)]
         if body.instructions and body.instructions.strip():
             voice = instruct(voice, body.instructions, p.frontend)
         # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.

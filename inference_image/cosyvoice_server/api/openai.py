@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes: POST /v1/audio/speech, GET /v1/audio/voices, GET /v1/models."""
+"""The OpenAI-compatible routes: POST /v1/audio/speech, GET /v1/models (voices: api/voices.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from starlette.requests import ClientDisconnect
 from pydantic import ValidationError
 
 from ..audio import FORMATS, StreamEncoder, encode
+from ..engine.pipeline import Voice
 from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import InstructionError, ServerState
 from .auth import require_api_key
 from .errors import APIError, validation_message
-from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, ModelList, SpeechRequest, VoiceCard, VoiceList
+from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, ModelList, SpeechRequest, VoiceRef
 
 OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
@@ -67,7 +68,7 @@ def _inline(schema: dict) -> dict:
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=error_responses(401))
 
 
-def _ready(state: ServerState) -> None:
+def ready_or_503(state: ServerState) -> None:
     if state.draining:
         raise APIError(503, "The server is shutting down; retry on another replica.", type="server_error",
                        code="shutting_down", headers={"Retry-After": "1"})
@@ -80,16 +81,6 @@ def _ready(state: ServerState) -> None:
 async def list_models(request: Request) -> JSONResponse:
     s = state_of(request)
     return JSONResponse(ModelList(data=[ModelCard(id=s.model_id, created=s.created)]).model_dump())
-
-
-@router.get("/audio/voices", responses={200: {"model": VoiceList}, **error_responses(503)})
-async def list_voices(request: Request) -> JSONResponse:
-    s = state_of(request)
-    _ready(s)
-    voices = [VoiceCard(id=v.name, name=v.name, prompt_speech_tokens=len(v.prompt_speech_tokens),
-                        aliases=sorted(a for a, t in s.voice_aliases.items() if t == v.name))
-              for v in s.pipeline.voices.values()]
-    return JSONResponse(VoiceList(default=s.pipeline.manifest.voices.default, voices=voices).model_dump())
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -121,16 +112,23 @@ def _parse(body: bytes, state: ServerState) -> SpeechRequest:
     if req.model not in (state.model_id, *OPENAI_MODEL_ALIASES):
         raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{state.model_id}'.",
                        param="model", code="model_not_found")
-    if state.voice(req.voice_id) is None:
-        names = sorted([*state.pipeline.voices, *state.voice_aliases])
-        hint = (" OpenAI's voice names work once the model or the server maps them (voices.aliases in model.yaml, "
-                "or --voice-aliases alloy=<voice>).") if req.voice_id in OPENAI_VOICES else ""
-        raise APIError(400, f"Unknown voice '{req.voice_id}'; available: {', '.join(names)}.{hint}",
-                       param="voice.id" if isinstance(data.get("voice"), dict) else "voice", code="invalid_voice")
     if not req.stream and req.stream_format == "sse":
         raise APIError(400, "stream_format 'sse' sends events as they are generated; it cannot be combined with "
                        "stream=false.", param="stream_format", code="invalid_value")
     return req
+
+
+async def _voice(state: ServerState, req: SpeechRequest) -> Voice:
+    """The request's voice: bundled, an alias, or registered on any replica (read through the prompt cache)."""
+    voice = await state.find_voice(req.voice_id)
+    if voice is None:
+        names = sorted([*state.pipeline.voices, *state.voice_aliases])
+        registered = " or a registered voice (GET /v1/audio/voices)" if state.voice_store is not None else ""
+        hint = (" OpenAI's voice names work once the model or the server maps them (voices.aliases in model.yaml, "
+                "or --voice-aliases alloy=<voice>).") if req.voice_id in OPENAI_VOICES else ""
+        raise APIError(400, f"Unknown voice '{req.voice_id}'; available: {', '.join(names)}{registered}.{hint}",
+                       param="voice.id" if isinstance(req.voice, VoiceRef) else "voice", code="invalid_voice")
+    return voice
 
 
 class _Timeout(Exception):
@@ -172,10 +170,11 @@ async def create_speech(request: Request) -> Response:
     s = state_of(request)
     started = time.monotonic()
     try:
-        _ready(s)
+        ready_or_503(s)
         body = _parse(await _read_body(request, s.settings.max_body_bytes), s)
+        voice = await _voice(s, body)
         try:
-            req = s.new_request(body)
+            req = s.new_request(body, voice)
         except InstructionError as exc:
             raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
         if not req.segments:

@@ -81,10 +81,23 @@ class ModelCard(BaseModel):
 
 
 class VoiceCard(BaseModel):
-    id: str
+    """A voice a request can name: bundled with the model, or registered from a clip (POST /v1/audio/voices)."""
+
+    id: str = Field(description="the name to send as `voice` (or `{\"id\": ...}`)")
+    object: Literal["voice"] = "voice"
     name: str
-    prompt_speech_tokens: int = Field(description="length of the voice's zero-shot prompt; 0 for an SFT speaker")
-    aliases: list[str] = Field(description="other names that select this voice (e.g. OpenAI's alloy)")
+    type: Literal["bundled", "registered"] = Field(description="bundled with the model (cannot be deleted or "
+                                                   "replaced) or registered through the API")
+    mode: Literal["sft", "zero_shot", "cross_lingual"] = Field(
+        description="zero_shot: prompted with its clip and transcript; cross_lingual: registered without a transcript "
+        "(its clip's speech is not replayed into the text, so it speaks any language); sft: a trained speaker")
+    prompt_speech_tokens: int = Field(description="length of the voice's prompt in speech tokens; 0 for an SFT speaker")
+    aliases: list[str] = Field(default_factory=list, description="other names that select this voice (e.g. OpenAI's alloy)")
+    created_at: int | None = Field(None, description="registered voices: Unix time of registration")
+    transcript: str | None = Field(None, description="registered voices: the clip's transcript, null without one")
+    duration_seconds: float | None = Field(None, description="registered voices: length of the clip")
+    sample_rate: int | None = Field(None, description="registered voices: the clip's sample rate")
+    samples: int | None = Field(None, description="registered voices: the clip's samples (mono)")
 
 
 class ModelList(BaseModel):

@@ -1,0 +1,281 @@
+"""Voices: list the bundled and registered ones, register a voice from a clip, show and delete one.
+
+    GET    /v1/audio/voices          every voice a request can name
+    POST   /v1/audio/voices          multipart `name`, `audio` (wav/flac/mp3/ogg), optional `transcript` -> 201
+    GET    /v1/audio/voices/{name}
+    DELETE /v1/audio/voices/{name}
+
+Registering and deleting need `--allow-voice-registration` and, when a registration key is configured,
+that key (the synthesis key is refused with 403). Feature extraction runs in its own small thread pool,
+never on the event loop or a stage thread; when every slot is busy a registration gets 429 at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as StarletteRequest
+
+from ..state import ServerState
+from ..voices import clip
+from ..voices.store import NAME_PATTERN, VoiceExists, VoiceRecord, valid_name
+from .auth import require_api_key
+from .errors import APIError
+from .openai import ready_or_503, state_of
+from .schemas import ErrorResponse, VoiceCard, VoiceList
+
+log = logging.getLogger(__name__)
+
+MAX_TRANSCRIPT_CHARS = 2048
+# Room for the multipart boundaries, headers and the text fields around the file.
+FORM_OVERHEAD_BYTES = 64 * 1024
+
+
+def _errors(**described: str) -> dict[int | str, dict]:
+    return {int(status.removeprefix("e")): {"model": ErrorResponse, "description": text}
+            for status, text in described.items()}
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["voices"],
+                   responses=_errors(e401="An API key is configured and `Authorization: Bearer <key>` is missing or wrong",
+                                     e503="The model is loading or the server is draining; retry shortly"))
+
+_SCOPE_ERRORS = _errors(e403="Voice registration is off on this server, or the key is not the registration key")
+
+
+def _card(s: ServerState, voice) -> VoiceCard:
+    return VoiceCard(id=voice.name, name=voice.name, type="bundled",
+                     mode="zero_shot" if len(voice.prompt_speech_tokens) else "sft",
+                     prompt_speech_tokens=len(voice.prompt_speech_tokens),
+                     aliases=sorted(a for a, t in s.voice_aliases.items() if t == voice.name))
+
+
+def _registered_card(rec: VoiceRecord) -> VoiceCard:
+    return VoiceCard(id=rec.name, name=rec.name, type="registered", mode=rec.mode,
+                     prompt_speech_tokens=rec.prompt_speech_tokens, created_at=rec.created_at, transcript=rec.transcript,
+                     duration_seconds=rec.duration_seconds, sample_rate=rec.sample_rate, samples=rec.samples)
+
+
+@router.get("/audio/voices", responses={200: {"model": VoiceList}})
+async def list_voices(request: Request) -> JSONResponse:
+    s = state_of(request)
+    ready_or_503(s)
+    voices = [_card(s, v) for v in s.pipeline.voices.values()]
+    if s.voice_store is not None:
+        voices += [_registered_card(r) for r in await asyncio.to_thread(s.voice_store.records)]
+    return JSONResponse(VoiceList(default=s.pipeline.manifest.voices.default, voices=voices).model_dump())
+
+
+@router.get("/audio/voices/{name}", responses={200: {"model": VoiceCard}, **_errors(e404="No voice of that name")})
+async def get_voice(request: Request, name: str) -> JSONResponse:
+    s = state_of(request)
+    ready_or_503(s)
+    bundled = s.voice(name)
+    if bundled is not None:
+        return JSONResponse(_card(s, s.pipeline.voices[bundled]).model_dump())
+    rec = await asyncio.to_thread(s.voice_store.record, name) if s.voice_store is not None else None
+    if rec is None:
+        raise _not_found(name)
+    return JSONResponse(_registered_card(rec).model_dump())
+
+
+def _not_found(name: str) -> APIError:
+    return APIError(404, f"No voice named '{name}' (GET /v1/audio/voices lists them).", param="name",
+                    code="voice_not_found")
+
+
+def require_registration(request: Request) -> None:
+    """Registration is on, and the caller holds the registration key when one is configured."""
+    s = state_of(request)
+    if not s.settings.allow_voice_registration:
+        raise APIError(403, "Voice registration is off on this server (start it with --allow-voice-registration).",
+                       type="permission_error", code="voice_registration_disabled")
+    key = s.registration_key
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise APIError(403, "This key may synthesize speech but not register or delete voices; use the voice "
+                       "registration key.", type="permission_error", code="insufficient_scope")
+
+
+@router.delete("/audio/voices/{name}", dependencies=[Depends(require_registration)],
+               responses={**_SCOPE_ERRORS, **_errors(e404="No registered voice of that name",
+                                                     e409="A bundled voice or alias (cannot be deleted)")})
+async def delete_voice(request: Request, name: str) -> JSONResponse:
+    s = state_of(request)
+    ready_or_503(s)
+    if s.voice(name) is not None:
+        raise APIError(409, f"'{name}' is bundled with the model; only registered voices can be deleted.",
+                       param="name", code="bundled_voice")
+    if not await asyncio.to_thread(s.voice_store.delete, name):
+        raise _not_found(name)
+    log.info("voice %s deleted", name)
+    return JSONResponse({"id": name, "object": "voice.deleted", "deleted": True})
+
+
+class _Slots:
+    """The registration thread pool and how many of its slots are taken (touched on the event loop only)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.busy = 0
+        self.pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="voice-features")
+
+
+def _slots(request: Request) -> _Slots:
+    app_state = request.app.state
+    if not hasattr(app_state, "voice_slots"):
+        app_state.voice_slots = _Slots(state_of(request).settings.voice_registration_concurrency)
+    return app_state.voice_slots
+
+
+@router.post(
+    "/audio/voices", status_code=201, dependencies=[Depends(require_registration)],
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["name", "audio"], "properties": {
+            "name": {"type": "string", "pattern": f"^{NAME_PATTERN}$", "description": "the voice's name in requests"},
+            "audio": {"type": "string", "format": "binary", "description": f"a mono clip of {clip.MIN_SECONDS:g}-"
+                      f"{clip.MAX_SECONDS:g} s at 16 kHz or more: wav, flac, mp3 or ogg"},
+            "transcript": {"type": "string", "maxLength": MAX_TRANSCRIPT_CHARS, "description": "what the clip says; "
+                           "without it the voice is cross-lingual"}}}}}}},
+    responses={201: {"model": VoiceCard}, **_SCOPE_ERRORS, **_errors(
+        e400="A missing or invalid field (`param` names it) or a clip that cannot make a voice (`code` says why)",
+        e409="The name is taken (by a registered or a bundled voice)",
+        e413="The upload is over the server's limit",
+        e415="The body is not multipart/form-data",
+        e429="Every registration slot is busy; `Retry-After` says when to retry")},
+)
+async def register_voice(request: Request) -> JSONResponse:
+    s = state_of(request)
+    started = time.monotonic()
+    try:
+        ready_or_503(s)
+        form = await _form(request, s.settings.max_voice_upload_bytes)
+        name, upload, transcript = await _fields(s, form)
+        slots = _slots(request)
+        if slots.busy >= slots.size:
+            raise APIError(429, f"{slots.busy} voice registration(s) are already extracting features on this replica; "
+                           "retry shortly.", type="rate_limit_error", code="registration_busy", headers={"Retry-After": "1"})
+        slots.busy += 1
+        try:
+            rec = await asyncio.get_running_loop().run_in_executor(slots.pool, _register, s, name, upload, transcript)
+        finally:
+            slots.busy -= 1
+            await form.close()
+    except APIError as exc:
+        s.metrics.voice_registrations.labels(exc.code or str(exc.status)).inc()
+        raise
+    except ClientDisconnect:
+        s.metrics.voice_registrations.labels("client_disconnected").inc()
+        return Response(status_code=499)  # hung up while sending the clip: nobody reads an answer
+    s.metrics.voice_registrations.labels("ok").inc()
+    s.metrics.voice_registration_duration.observe(time.monotonic() - started)
+    log.info("voice %s registered (%s, %.1f s clip)", rec.name, rec.mode, rec.duration_seconds)
+    return JSONResponse(_registered_card(rec).model_dump(), status_code=201,
+                        headers={"Location": f"/v1/audio/voices/{rec.name}"})
+
+
+async def _form(request: Request, limit: int):
+    """The multipart form, read with the upload bound enforced as the bytes arrive (a declared length over
+    it is refused before any are read); the file part spools to disk, not memory."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "multipart/form-data":
+        raise APIError(415, "Send the voice as multipart/form-data with fields name, audio (a file) and optionally "
+                       "transcript.", code="unsupported_media_type")
+    bound = limit + FORM_OVERHEAD_BYTES
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > bound:
+        raise _too_large(limit, int(declared))
+    seen = 0
+
+    async def receive():
+        nonlocal seen
+        message = await request.receive()
+        seen += len(message.get("body", b""))
+        if seen > bound:
+            raise _too_large(limit, None)
+        return message
+
+    try:
+        return await StarletteRequest(request.scope, receive).form(max_files=1, max_fields=8)
+    except APIError:
+        raise
+    except Exception as exc:  # starlette's multipart errors: a malformed body is the client's mistake
+        if isinstance(exc, ClientDisconnect):
+            raise
+        raise APIError(400, f"The multipart body could not be parsed: {getattr(exc, 'detail', exc)}.",
+                       code="invalid_multipart") from None
+
+
+def _too_large(limit: int, declared: int | None) -> APIError:
+    size = f" ({declared} bytes)" if declared is not None else ""
+    return APIError(413, f"The upload{size} is over the limit of {limit} bytes for a voice clip; a few seconds of "
+                    "mono speech need far less (e.g. 10 s of 16-bit 48 kHz WAV is under 1 MB).",
+                    param="audio", code="request_too_large")
+
+
+async def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
+    name = form.get("name")
+    if name is None:
+        raise APIError(400, "Missing required parameter: 'name'.", param="name", code="missing_required_parameter")
+    if not isinstance(name, str) or not valid_name(name):
+        shown = repr(name) if isinstance(name, str) and len(name) < 80 else "the value given"
+        raise APIError(400, f"Invalid voice name {shown}: use 1-63 lowercase letters, digits, '.', '_' or '-', "
+                       "starting with a letter or digit.", param="name", code="invalid_voice_name")
+    if s.voice(name) is not None:
+        raise APIError(409, f"'{name}' is a bundled voice or alias; registered voices cannot replace it.",
+                       param="name", code="voice_exists")
+    if await asyncio.to_thread(s.voice_store.exists, name):
+        raise APIError(409, f"A voice named '{name}' is already registered; delete it first or pick another name.",
+                       param="name", code="voice_exists")
+    upload = form.get("audio")
+    if upload is None:
+        raise APIError(400, "Missing required parameter: 'audio'.", param="audio", code="missing_required_parameter")
+    if not isinstance(upload, UploadFile):
+        raise APIError(400, "'audio' must be a file upload (multipart file part), not a text field.", param="audio",
+                       code="invalid_value")
+    transcript = form.get("transcript")
+    if transcript is not None and not isinstance(transcript, str):
+        raise APIError(400, "'transcript' must be a text field.", param="transcript", code="invalid_value")
+    transcript = (transcript or "").strip() or None
+    if transcript is not None and len(transcript) > MAX_TRANSCRIPT_CHARS:
+        raise APIError(400, f"The transcript has {len(transcript)} characters; the limit is {MAX_TRANSCRIPT_CHARS}.",
+                       param="transcript", code="invalid_value")
+    return name, upload, transcript
+
+
+def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None) -> VoiceRecord:
+    """Decodes, extracts and stores one voice (in a registration thread). Any failure leaves the store as it was."""
+    from ..voices.features import ClipError
+
+    upload.file.seek(0)
+    data = upload.file.read()
+    try:
+        c = clip.decode(data, upload.filename, upload.content_type)
+        voice = s.prompt_encoder.extract(c.audio, c.sample_rate, transcript)
+    except (clip.ClipRejected, ClipError) as exc:
+        raise APIError(400, getattr(exc, "message", str(exc)), param=getattr(exc, "param", "audio"),
+                       code=getattr(exc, "code", "invalid_audio")) from None
+    voice = replace(voice, name=name)
+    rec = VoiceRecord(name=name, mode="zero_shot" if transcript else "cross_lingual", transcript=transcript,
+                      created_at=int(time.time()), model=s.pipeline.manifest.name,
+                      duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=len(c.audio),
+                      format=c.format, prompt_speech_tokens=len(voice.prompt_speech_tokens),
+                      sha256=hashlib.sha256(data).hexdigest())
+    try:
+        s.voice_store.add(rec, voice)
+    except VoiceExists:
+        raise APIError(409, f"A voice named '{name}' was registered meanwhile (on this or another replica).",
+                       param="name", code="voice_exists") from None
+    return rec

@@ -1,0 +1,231 @@
+"""Registered voices on a directory every replica mounts (a ReadWriteMany volume), plus a per-replica
+LRU of their prompt tensors.
+
+Layout under the store's root::
+
+    voices/<name>/voice.npz    the prompt tensors (the format of a model's voices/ directory)
+    voices/<name>/voice.json   what the API shows: mode, transcript, clip facts, model, creation time
+    .staging/<random>/         a voice being written; renamed into voices/ only when complete
+    .trash/<random>/           a deleted voice being removed
+
+Every change is one rename(2), atomic on a local or network filesystem (NFS, CephFS, EFS): a voice is
+either absent or complete, for every replica. Adding renames a finished directory onto voices/<name>,
+which fails when that name exists, so two replicas registering one name at once get one voice and one
+409, with no lock to leak if a process dies. Deleting renames the directory out of voices/ first.
+Nothing is remembered between requests except the tensor cache, whose entries are checked against the
+file's identity (inode, size, mtime) on each use: a voice added, replaced or deleted by another replica
+is seen on the next request, without restarts or invalidation messages.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from ..engine.pipeline import Voice, load_voice, save_voice
+
+log = logging.getLogger(__name__)
+
+NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,62}"
+_NAME = re.compile(NAME_PATTERN)
+TENSORS, METADATA = "voice.npz", "voice.json"
+# Staging directories older than this were left by a process that died mid-write.
+STALE_STAGING_S = 3600.0
+
+Mode = Literal["zero_shot", "cross_lingual"]
+
+
+def valid_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+class VoiceExists(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class VoiceRecord:
+    """A registered voice's metadata, as GET /v1/audio/voices/{name} shows it."""
+
+    name: str
+    mode: Mode
+    transcript: str | None
+    created_at: int
+    model: str
+    duration_seconds: float
+    sample_rate: int
+    samples: int
+    format: str
+    prompt_speech_tokens: int
+    sha256: str  # of the uploaded file: which recording a voice came from, for audits and consent records
+
+
+class VoiceStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.voices = root / "voices"
+        self.staging = root / ".staging"
+        self.trash = root / ".trash"
+        for d in (self.voices, self.staging, self.trash):
+            d.mkdir(parents=True, exist_ok=True)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Removes what a process that died mid-write or mid-delete left (never a voice in voices/)."""
+        now = time.time()
+        for parent, min_age in ((self.staging, STALE_STAGING_S), (self.trash, 0.0)):
+            for entry in os.scandir(parent):
+                try:
+                    if now - entry.stat(follow_symlinks=False).st_mtime >= min_age:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                except FileNotFoundError:
+                    pass  # another replica swept it
+
+    def path(self, name: str) -> Path:
+        if not valid_name(name):  # never a path outside voices/, whatever the caller checked
+            raise ValueError(f"invalid voice name {name!r}")
+        return self.voices / name
+
+    def exists(self, name: str) -> bool:
+        return valid_name(name) and (self.path(name) / TENSORS).is_file()
+
+    def add(self, record: VoiceRecord, voice: Voice) -> None:
+        """Writes the voice whole, then makes it visible in one rename; VoiceExists if the name is taken."""
+        target = self.path(record.name)
+        tmp = self.staging / uuid.uuid4().hex
+        tmp.mkdir()
+        try:
+            save_voice(tmp / TENSORS, voice)
+            (tmp / METADATA).write_text(json.dumps(asdict(record), ensure_ascii=False, indent=1))
+            for f in (TENSORS, METADATA):
+                _fsync(tmp / f)
+            _fsync(tmp)
+            try:
+                os.rename(tmp, target)  # fails on an existing, non-empty voices/<name>: no overwrite
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise VoiceExists(record.name) from None
+                raise
+            _fsync(self.voices)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; a half-write otherwise
+
+    def record(self, name: str) -> VoiceRecord | None:
+        if not valid_name(name):
+            return None
+        try:
+            return VoiceRecord(**json.loads((self.path(name) / METADATA).read_text()))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def records(self) -> list[VoiceRecord]:
+        """Every complete voice, by name; read from disk on each call, so it is the same on every replica."""
+        found = []
+        for entry in sorted(os.scandir(self.voices), key=lambda e: e.name):
+            if valid_name(entry.name) and (rec := self.record(entry.name)) is not None:
+                found.append(rec)
+        return found
+
+    def count(self) -> int:
+        return sum(1 for e in os.scandir(self.voices) if valid_name(e.name))
+
+    def delete(self, name: str) -> bool:
+        """Removes a voice; False if there was none. It disappears for every replica at the rename."""
+        if not valid_name(name):
+            return False
+        gone = self.trash / uuid.uuid4().hex
+        try:
+            os.rename(self.path(name), gone)
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(gone, ignore_errors=True)
+        return True
+
+    def identity(self, name: str) -> tuple[int, int, int] | None:
+        """What changes when the voice under a name is replaced: (inode, size, mtime); None if absent."""
+        try:
+            st = os.stat(self.path(name) / TENSORS)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def load(self, name: str) -> Voice:
+        return load_voice(self.path(name) / TENSORS, name)
+
+
+class PromptCache:
+    """Registered voices' tensors in memory, least recently used evicted first, bounded in bytes.
+
+    `lookup` stats the voice's file on every call (one metadata round trip on a network volume) and
+    serves the cached tensors only while the file is the one they were read from."""
+
+    def __init__(self, store: VoiceStore, max_bytes: int,
+                 on_lookup: Callable[[bool], None] = lambda hit: None) -> None:
+        self.store = store
+        self.max_bytes = max_bytes
+        self.on_lookup = on_lookup
+        self._entries: OrderedDict[str, tuple[tuple[int, int, int], Voice, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # lookups run in worker threads
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def lookup(self, name: str) -> Voice | None:
+        """The registered voice under `name`, None if there is none (blocking: call off the event loop)."""
+        ident = self.store.identity(name) if valid_name(name) else None
+        with self._lock:
+            cached = self._entries.get(name)
+            if cached is not None and cached[0] == ident:
+                self._entries.move_to_end(name)
+                self.on_lookup(True)
+                return cached[1]
+            if cached is not None:
+                self._drop(name)
+        if ident is None:
+            return None
+        self.on_lookup(False)
+        try:
+            voice = self.store.load(name)
+        except FileNotFoundError:  # deleted between the stat and the read
+            return None
+        self._put(name, ident, voice)
+        return voice
+
+    def _put(self, name: str, ident: tuple[int, int, int], voice: Voice) -> None:
+        size = voice.nbytes
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if name in self._entries:
+                self._drop(name)
+            self._entries[name] = (ident, voice, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, name: str) -> None:
+        _, _, size = self._entries.pop(name)
+        self._bytes -= size
+
+
+def _fsync(path: Path) -> None:
+    """Flushes a file or directory entry, so a voice a client was told exists survives a node crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
