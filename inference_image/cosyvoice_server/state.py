@@ -81,13 +81,14 @@ class ServerState:
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
         if s.voice_store_dir is not None:
-            self.voice_store = VoiceStore(s.voice_store_dir)
+            self.voice_store = VoiceStore(s.voice_store_dir, self.pipeline.manifest)
             self.prompt_cache = PromptCache(self.voice_store, s.voice_cache_bytes, self._count_lookup)
             self.metrics.registered_voices.set_function(self.voice_store.count)
         if s.allow_voice_registration:
             from .voices.features import PromptEncoder
 
-            self.prompt_encoder = PromptEncoder(s.model_dir, self.pipeline.manifest, self.pipeline.frontend, opts)
+            self.prompt_encoder = PromptEncoder(s.model_dir, self.pipeline.manifest, self.pipeline.frontend,
+                                                threads=s.intra_op_threads)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20))), self.metrics)
         self.scheduler.start()

@@ -46,13 +46,18 @@ MODEL_MOUNT: Final = "/models"
 TMP_MOUNT: Final = "/tmp"
 API_KEY_DIR: Final = "/var/run/secrets/cosyvoice"
 API_KEY_FILE: Final = f"{API_KEY_DIR}/api-key"
+REGISTRATION_KEY_DIR: Final = "/var/run/secrets/cosyvoice-registration"
+REGISTRATION_KEY_FILE: Final = f"{REGISTRATION_KEY_DIR}/registration-key"
+# The shared volume of registered voices (spec.voices.pvc), mounted by every replica.
+VOICE_STORE_MOUNT: Final = "/var/lib/cosyvoice/voices"
 # Environment the operator renders (or that would override what it renders: COSYVOICE_API_KEY wins over the
 # key file): a CosyVoiceService's spec.env may not set these. The CRD repeats the list in a CEL rule (tested).
 OPERATOR_ENV: Final = (
     "HOME", "COSYVOICE_HOST", "COSYVOICE_PORT", "COSYVOICE_DEVICE", "COSYVOICE_PRECISION",
     "COSYVOICE_SERVED_MODEL_NAME", "COSYVOICE_MAX_BATCH_SIZE", "COSYVOICE_MAX_QUEUE_DELAY_MS",
     "COSYVOICE_MAX_QUEUE_SIZE", "COSYVOICE_REQUEST_TIMEOUT_S", "COSYVOICE_DRAIN_TIMEOUT_S", "COSYVOICE_MODEL_DIR",
-    "COSYVOICE_GPU_MEM_LIMIT_BYTES", "COSYVOICE_API_KEY_FILE", "COSYVOICE_API_KEY",
+    "COSYVOICE_GPU_MEM_LIMIT_BYTES", "COSYVOICE_API_KEY_FILE", "COSYVOICE_API_KEY", "COSYVOICE_VOICE_STORE_DIR",
+    "COSYVOICE_ALLOW_VOICE_REGISTRATION", "COSYVOICE_VOICE_REGISTRATION_KEY_FILE", "COSYVOICE_VOICE_REGISTRATION_KEY",
 )
 
 # A Secret a CosyVoiceService names (API key, storage credentials, env secretKeyRef) must be in the

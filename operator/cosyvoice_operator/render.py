@@ -13,8 +13,8 @@ from . import mig, quantity
 from .constants import (
     API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, HEALTH_PATH,
     KIND, LABEL_COMPONENT, LABEL_GPU_PRODUCT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
-    LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_MOUNT, READY_PATH, SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME,
-    TMP_MOUNT,
+    LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_MOUNT, READY_PATH, REGISTRATION_KEY_DIR, REGISTRATION_KEY_FILE,
+    SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME, TMP_MOUNT, VOICE_STORE_MOUNT,
 )
 from .server_settings import env as setting_env
 from .spec import CosyVoiceServiceSpec, Storage
@@ -144,6 +144,13 @@ def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
         settings["gpu_mem_limit_bytes"] = mem
     if spec.api_key_secret is not None:
         settings["api_key_file"] = API_KEY_FILE
+    voices = spec.voices
+    if voices.pvc is not None:
+        settings["voice_store_dir"] = VOICE_STORE_MOUNT
+    if voices.registration.enabled:
+        settings["allow_voice_registration"] = "true"
+    if voices.registration.key_secret is not None:
+        settings["voice_registration_key_file"] = REGISTRATION_KEY_FILE
     # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
     values = {"HOME": TMP_MOUNT, **{setting_env(name): str(value) for name, value in settings.items()}}
     env: list[Obj] = [{"name": k, "value": v} for k, v in values.items()]
@@ -189,6 +196,15 @@ def server_container(spec: CosyVoiceServiceSpec) -> Obj:
         mounts.append(mount)
     if spec.api_key_secret is not None:
         mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
+    voices = spec.voices
+    if voices.pvc is not None:
+        # Replicas that may not register only read the voices: their mount is read-only.
+        store: Obj = {"name": "voices", "mountPath": VOICE_STORE_MOUNT, "readOnly": not voices.registration.enabled}
+        if voices.pvc.sub_path:
+            store["subPath"] = voices.pvc.sub_path
+        mounts.append(store)
+    if voices.registration.key_secret is not None:
+        mounts.append({"name": "registration-key", "mountPath": REGISTRATION_KEY_DIR, "readOnly": True})
     container: Obj = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -253,6 +269,15 @@ def volumes(spec: CosyVoiceServiceSpec) -> list[Obj]:
         vols.append({"name": "api-key", "secret": {
             "secretName": spec.api_key_secret.name,
             "items": [{"key": spec.api_key_secret.key, "path": API_KEY_FILE.rsplit("/", 1)[-1]}],
+            "defaultMode": 0o440}})
+    voices = spec.voices
+    if voices.pvc is not None:
+        vols.append({"name": "voices", "persistentVolumeClaim": {
+            "claimName": voices.pvc.claim_name, "readOnly": not voices.registration.enabled}})
+    if voices.registration.key_secret is not None:
+        vols.append({"name": "registration-key", "secret": {
+            "secretName": voices.registration.key_secret.name,
+            "items": [{"key": voices.registration.key_secret.key, "path": REGISTRATION_KEY_FILE.rsplit("/", 1)[-1]}],
             "defaultMode": 0o440}})
     return vols
 

@@ -80,6 +80,42 @@ class Storage(_Model):
         return self
 
 
+# --- registered voices ----------------------------------------------------------------------------
+
+SUB_PATH_RE = r"^[^/](.*[^/])?$"
+REGISTRATION_NEEDS_PVC = ("voices.registration.enabled needs voices.pvc: registered voices live on a volume every "
+                          "replica mounts (a ReadWriteMany PersistentVolumeClaim)")
+REGISTRATION_NEEDS_KEY = ("voices.registration.keySecret is required when apiKeySecret is set: the key that may "
+                          "synthesize must not also be able to clone voices")
+
+
+class VoicesPVC(_Model):
+    claim_name: str = Field(min_length=1, max_length=253)
+    sub_path: str | None = Field(default=None, max_length=1024, pattern=SUB_PATH_RE)
+
+    @model_validator(mode="after")
+    def _inside_the_volume(self) -> VoicesPVC:
+        if self.sub_path is not None and ".." in self.sub_path.split("/"):
+            raise ValueError("voices.pvc.subPath must stay inside the volume (no '..')")
+        return self
+
+
+class VoiceRegistration(_Model):
+    enabled: bool = False
+    key_secret: SecretKeyRef | None = None
+
+
+class Voices(_Model):
+    pvc: VoicesPVC | None = None
+    registration: VoiceRegistration = Field(default_factory=VoiceRegistration)
+
+    @model_validator(mode="after")
+    def _registration_has_a_store(self) -> Voices:
+        if self.registration.enabled and self.pvc is None:
+            raise ValueError(REGISTRATION_NEEDS_PVC)
+        return self
+
+
 # --- GPU placement ------------------------------------------------------------------------------
 
 SINGLE_MEDIA_EXTENSION = ("a media-extension (+me) MIG profile needs gpu.migStrategy mixed: the single strategy "
@@ -331,6 +367,7 @@ class CosyVoiceServiceSpec(_Model):
     served_model_name: str = Field(default="cosyvoice", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     api_key_secret: SecretKeyRef | None = None
     storage: Storage | None = None
+    voices: Voices = Field(default_factory=Voices)
     precision: Precision | None = None
     gpu: Gpu | None = None
     replicas: int = Field(default=1, ge=0, le=1000)
@@ -356,6 +393,9 @@ class CosyVoiceServiceSpec(_Model):
         auto = self.autoscaling
         if auto is not None and auto.enabled and auto.max_replicas is not None and self.replicas > auto.max_replicas:
             raise ValueError(REPLICAS_ABOVE_MAX)
+        reg = self.voices.registration
+        if reg.enabled and self.api_key_secret is not None and reg.key_secret is None:
+            raise ValueError(REGISTRATION_NEEDS_KEY)
         return self
 
     @property

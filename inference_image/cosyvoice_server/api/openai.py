@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from ..audio import FORMATS, StreamEncoder, encode
 from ..engine.pipeline import Voice
+from ..model.manifest import ModelLoadError
 from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import InstructionError, ServerState
@@ -120,7 +121,11 @@ def _parse(body: bytes, state: ServerState) -> SpeechRequest:
 
 async def _voice(state: ServerState, req: SpeechRequest) -> Voice:
     """The request's voice: bundled, an alias, or registered on any replica (read through the prompt cache)."""
-    voice = await state.find_voice(req.voice_id)
+    try:
+        voice = await state.find_voice(req.voice_id)
+    except ModelLoadError as exc:  # the store's file is damaged: the server's problem, said plainly
+        raise APIError(500, f"The registered voice '{req.voice_id}' cannot be read from the voice store ({exc}); "
+                       "delete and register it again.", type="server_error", code="voice_unreadable") from None
     if voice is None:
         names = sorted([*state.pipeline.voices, *state.voice_aliases])
         registered = " or a registered voice (GET /v1/audio/voices)" if state.voice_store is not None else ""

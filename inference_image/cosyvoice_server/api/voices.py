@@ -18,7 +18,6 @@ import hmac
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -263,11 +262,10 @@ def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | N
     data = upload.file.read()
     try:
         c = clip.decode(data, upload.filename, upload.content_type)
-        voice = s.prompt_encoder.extract(c.audio, c.sample_rate, transcript)
+        voice = s.prompt_encoder.extract(c.audio, c.sample_rate, transcript, name=name)
     except (clip.ClipRejected, ClipError) as exc:
         raise APIError(400, getattr(exc, "message", str(exc)), param=getattr(exc, "param", "audio"),
                        code=getattr(exc, "code", "invalid_audio")) from None
-    voice = replace(voice, name=name)
     rec = VoiceRecord(name=name, mode="zero_shot" if transcript else "cross_lingual", transcript=transcript,
                       created_at=int(time.time()), model=s.pipeline.manifest.name,
                       duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=len(c.audio),

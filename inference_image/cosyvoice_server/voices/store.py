@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..engine.pipeline import Voice, load_voice, save_voice
+from ..model.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,11 @@ class VoiceRecord:
 
 
 class VoiceStore:
-    def __init__(self, root: Path) -> None:
+    """`manifest`: the served model, which every voice read must fit (a voice from another model is refused)."""
+
+    def __init__(self, root: Path, manifest: Manifest) -> None:
         self.root = root
+        self.manifest = manifest
         self.voices = root / "voices"
         self.staging = root / ".staging"
         self.trash = root / ".trash"
@@ -155,6 +159,8 @@ class VoiceStore:
 
     def identity(self, name: str) -> tuple[int, int, int] | None:
         """What changes when the voice under a name is replaced: (inode, size, mtime); None if absent."""
+        if not valid_name(name):
+            return None
         try:
             st = os.stat(self.path(name) / TENSORS)
         except (FileNotFoundError, NotADirectoryError):
@@ -162,7 +168,7 @@ class VoiceStore:
         return st.st_ino, st.st_size, st.st_mtime_ns
 
     def load(self, name: str) -> Voice:
-        return load_voice(self.path(name) / TENSORS, name)
+        return load_voice(self.path(name) / TENSORS, self.manifest, name)
 
 
 class PromptCache:
@@ -186,7 +192,7 @@ class PromptCache:
 
     def lookup(self, name: str) -> Voice | None:
         """The registered voice under `name`, None if there is none (blocking: call off the event loop)."""
-        ident = self.store.identity(name) if valid_name(name) else None
+        ident = self.store.identity(name)
         with self._lock:
             cached = self._entries.get(name)
             if cached is not None and cached[0] == ident:
