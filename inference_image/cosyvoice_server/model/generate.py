@@ -380,6 +380,30 @@ def build_vocoder(p: Preset, init: _Init) -> onnx.ModelProto:
     return g.model("CosyVoice2-style vocoder, mel -> 24 kHz waveform (random weights)")
 
 
+def build_speech_tokenizer(p: Preset, init: _Init) -> onnx.ModelProto:
+    """feats[1,128,T] (16 kHz Whisper log-mel, 100 frames/s) + feats_length[1] -> speech tokens[1,T/4] at 25 Hz,
+    the interface of upstream's speech_tokenizer_v2.onnx: 4-frame pooling and a projection onto the speech
+    vocabulary, argmax."""
+    g = GraphBuilder("speech_tokenizer")
+    feats = g.input("feats", "float32", [1, 128, "frames"])
+    g.input("feats_length", "int32", [1])
+    pooled = g.op("AveragePool", [feats], kernel_shape=[4], strides=[4])
+    logits = g.linear(g.op("Transpose", [pooled], perm=[0, 2, 1]), init.w(128, p.speech_vocab), None, "quantizer")
+    g.output(g.op("ArgMax", [logits], axis=2, keepdims=0), "indices", "int64", [1, "tokens"])
+    return g.model("CosyVoice2-style speech tokenizer (random weights)")
+
+
+def build_campplus(init: _Init, hidden: int = 64) -> onnx.ModelProto:
+    """fbank[1,T,80] (mean-normalized) -> speaker embedding[1,192], the interface of upstream's campplus.onnx:
+    a frame-wise layer, statistics pooling over time, a projection."""
+    g = GraphBuilder("campplus")
+    fbank = g.input("input", "float32", [1, "frames", 80])
+    h = g.op("Relu", [g.linear(fbank, init.w(80, hidden), init.zeros(hidden), "frame")])
+    pooled = g.op("ReduceMean", [h, g.const(i64(1))], keepdims=0)
+    g.output(g.linear(pooled, init.w(hidden, SPK_DIM) * 4.0, None, "embedding"), "output", "float32", [1, SPK_DIM])
+    return g.model("CAM++-style speaker embedding (random weights)")
+
+
 def _byte_level_tokenizer() -> str:
     """A byte-level BPE tokenizer with no merges (256 tokens), in the same tokenizer.json format as
     Qwen2's, so a real CosyVoice2 export's tokenizer loads through the same code."""
@@ -474,6 +498,11 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
     (out / "voices").mkdir(exist_ok=True)
     for name, arrays in _voices(p, init).items():
         _save_npz(out / "voices" / f"{name}.npz", arrays)
+    # The prompt encoders draw from their own generator: the other stages' weights do not depend on them.
+    enc = _Init(seed + 1)
+    prompt_encoders = {"campplus": "campplus.onnx", "speech_tokenizer": "speech_tokenizer_v2.onnx"}
+    _save(build_campplus(enc), out / prompt_encoders["campplus"], False)
+    _save(build_speech_tokenizer(p, enc), out / prompt_encoders["speech_tokenizer"], False)
 
     manifest = {
         "format": "cosyvoice2-onnx/v1",
@@ -510,6 +539,7 @@ def generate(out: Path, preset: str = "tiny", seed: int = 0) -> Path:
         "streaming": {"first_hop_tokens": p.first_hop_tokens, "max_hop_tokens": p.max_hop_tokens, "hop_growth": 2,
                       "mel_cache_frames": 8},
         "voices": {"dir": "voices", "default": "default", "aliases": OPENAI_ALIASES},
+        "prompt_encoders": prompt_encoders,
         "generator": {"preset": preset, "seed": seed},
     }
     (out / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
