@@ -129,3 +129,9 @@ def reference(checkpoint):
     from reference import Reference
 
     return Reference.load(checkpoint)
+
+
+@pytest.fixture(scope="session")
+def server_process() -> type[ServerProcess]:
+    """The class, for fixtures that keep servers for a module or share a store between them."""
+    return ServerProcess

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as StarletteRequest
 
@@ -208,13 +210,9 @@ async def _form(request: Request, limit: int):
 
     try:
         return await StarletteRequest(request.scope, receive).form(max_files=1, max_fields=8)
-    except APIError:
-        raise
-    except Exception as exc:  # starlette's multipart errors: a malformed body is the client's mistake
-        if isinstance(exc, ClientDisconnect):
-            raise
-        raise APIError(400, f"The multipart body could not be parsed: {getattr(exc, 'detail', exc)}.",
-                       code="invalid_multipart") from None
+    except (HTTPException, MultiPartException) as exc:  # a malformed body is the client's mistake
+        detail = str(getattr(exc, "detail", None) or getattr(exc, "message", exc)).rstrip(".")
+        raise APIError(400, f"The multipart body could not be parsed: {detail}.", code="invalid_multipart") from None
 
 
 def _too_large(limit: int, declared: int | None) -> APIError:

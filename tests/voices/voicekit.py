@@ -1,0 +1,34 @@
+"""Helpers of the voice tests: keys, registering a clip over HTTP, the store's contents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+API_KEY, REGISTRATION_KEY = "synthesis-key", "registration-key"
+SYNTH = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN = {"Authorization": f"Bearer {REGISTRATION_KEY}"}
+
+
+KEYS = {"COSYVOICE_API_KEY": API_KEY, "COSYVOICE_VOICE_REGISTRATION_KEY": REGISTRATION_KEY}
+
+
+def registering_server(server_process, tmp: Path, store: Path, *extra: str):
+    return server_process(tmp, "--voice-store-dir", str(store), "--allow-voice-registration", *extra, env=KEYS)
+
+
+def register(url: str, name: str | None, audio: bytes | None, filename: str = "clip.wav",
+             transcript: str | None = None, headers: dict | None = None, content_type: str | None = None,
+             timeout: float = 60) -> httpx.Response:
+    data = {k: v for k, v in (("name", name), ("transcript", transcript)) if v is not None}
+    files = {"audio": (filename, audio, content_type) if content_type else (filename, audio)} if audio is not None else None
+    if files is None:  # a form without a file part is still multipart
+        files = {"other": ("x.txt", b"x")}
+    return httpx.post(url + "/v1/audio/voices", data=data, files=files, headers=ADMIN if headers is None else headers,
+                      timeout=timeout)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under a store and its bytes: what 'the store is unchanged' compares."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
