@@ -10,6 +10,7 @@ from __future__ import annotations
 MIN_SERVER_OVER_ENGINE = 0.9  # at concurrency >= 16
 MIN_BATCHED_OVER_UNBATCHED = 3.0  # at concurrency 32
 P50_OVERHEAD_MS, P50_OVERHEAD_FRACTION = 2.0, 0.05  # at concurrency 1, against the engine alone
+MAX_TTFA_RATIO_WHILE_REGISTERING = 1.2  # streams' TTFA while voices are registered, over an idle run
 
 
 def table(res: dict) -> str:
@@ -94,4 +95,25 @@ def targets(res: dict) -> str:
             lines.append(f"| at least the peers' throughput at equal or better p99 | {wins} of {points} "
                          f"(concurrency, peer) points; throughput {min(ratios):.1f}–{max(ratios):.1f} × the peers' | "
                          f"{'yes' if wins == points else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def voices_table(res: dict) -> str:
+    """bench.voices: the streams' time to first audio while voices are registered, against idle windows."""
+    idle, busy, reg = res["phases"]["idle"], res["phases"]["registering"], res["registrations"]
+    p50, p95 = busy["ttfa_p50_ms"] / idle["ttfa_p50_ms"], busy["ttfa_p95_ms"] / idle["ttfa_p95_ms"]
+    ok = max(p50, p95) <= MAX_TTFA_RATIO_WHILE_REGISTERING
+    lines = [f"Run on {res['date']} on {res['machine']}; device `{res['device']}`, {res['streams']} streams, "
+             f"{res['voices']} voices from {res['clip_s']:g} s clips per round, {res['rounds']} rounds:\n",
+             f"```sh\n{res['command']}\n```\n",
+             "| window | seconds | requests (errors) | TTFA p50 ms | TTFA p95 ms | TTFA mean ms |",
+             "|---|---|---|---|---|---|"]
+    for name, ph in (("idle", idle), ("registering", busy)):
+        lines.append(f"| {name} | {ph['window_s']:.0f} | {ph['requests']} ({ph['errors']}) | {ph['ttfa_p50_ms']:.0f} "
+                     f"| {ph['ttfa_p95_ms']:.0f} | {ph['ttfa_mean_ms']:.0f} |")
+    lines += ["", f"Registrations: {reg['ok']} of {reg['count']} stored (HTTP {', '.join(map(str, reg['codes']))}; "
+              f"{reg['retries_on_429']} retries after 429), {reg['p50_s']:.2f} s median, {reg['max_s']:.2f} s at most.", "",
+              "| target | this run | met? |", "|---|---|---|",
+              f"| streams' TTFA while registering ≤ {MAX_TTFA_RATIO_WHILE_REGISTERING:g} × idle | p50 {p50:.2f} ×, "
+              f"p95 {p95:.2f} × | {'yes' if ok else '**no**'} |"]
     return "\n".join(lines) + "\n"

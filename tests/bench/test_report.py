@@ -44,3 +44,27 @@ def test_committed_results_render() -> None:
     res = json.loads((ROOT / "docs" / "bench" / "results.json").read_text())
     assert res["command"] in report.run_line(res)
     assert report.targets(res).count("\n") == 2 + 4
+
+
+def voices_run(idle_p50: float, busy_p50: float, idle_p95: float, busy_p95: float) -> dict[str, Any]:
+    def phase(p50: float, p95: float) -> dict[str, Any]:
+        return {"requests": 100, "errors": 0, "window_s": 30.0, "ttfa_p50_ms": p50, "ttfa_p95_ms": p95, "ttfa_mean_ms": p50}
+
+    return {"phases": {"idle": phase(idle_p50, idle_p95), "registering": phase(busy_p50, busy_p95)},
+            "registrations": {"count": 10, "ok": 10, "codes": [201], "retries_on_429": 0, "p50_s": 0.5, "max_s": 0.9},
+            "date": "2026-01-01", "machine": "m", "device": "cpu", "streams": 16, "voices": 10, "rounds": 1, "clip_s": 10.0,
+            "command": "python -m bench.voices"}
+
+
+def test_the_registration_target_is_judged_on_both_percentiles() -> None:
+    def verdict(res: dict[str, Any]) -> str:
+        return report.voices_table(res).strip().splitlines()[-1].rsplit("|", 2)[-2].strip()
+
+    assert verdict(voices_run(1000, 1150, 2000, 2300)) == "yes"
+    assert verdict(voices_run(1000, 1250, 2000, 2000)) == "**no**"  # the median slowed down
+    assert verdict(voices_run(1000, 1000, 2000, 2500)) == "**no**"  # the tail did
+
+
+def test_the_committed_registration_run_is_in_the_docs() -> None:
+    res = json.loads((ROOT / "docs" / "bench" / "voices.json").read_text())
+    assert report.voices_table(res) in (ROOT / "docs" / "benchmarks.md").read_text()

@@ -196,3 +196,18 @@ def test_registration_metrics(replica_a, alice):
     assert float(registered.split()[1]) >= 1
     cache = next(line for line in text.splitlines() if line.startswith("cosyvoice_voice_cache_bytes "))
     assert float(cache.split()[1]) > 0
+
+
+def test_extraction_threads_yield_the_cpu_to_the_stage_threads(replica_a, alice):
+    from pathlib import Path
+
+    from cosyvoice_server.api.voices import EXTRACTION_NICENESS
+
+    def nice(stat: str) -> int:
+        return int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of /proc/<pid>/task/<tid>/stat
+
+    tasks = Path(f"/proc/{replica_a.proc.pid}/task")
+    base = nice((tasks / str(replica_a.proc.pid) / "stat").read_text())
+    niceness = [nice((t / "stat").read_text()) for t in tasks.iterdir()]
+    assert min(19, base + EXTRACTION_NICENESS) in niceness  # the registration thread
+    assert niceness.count(base) >= 4  # the event loop and the three stage threads keep the process's priority
