@@ -35,3 +35,25 @@ def test_schema_rejects_a_bad_name_and_unknown_keys(helm: Helm) -> None:
     for values in ({"name": "Bad_Name"}, {"replicas": 2}):
         done = helm.template(SERVICE_CHART, values, check=False)
         assert done.returncode != 0, values
+
+
+def test_the_voice_store_claim_is_shared_kept_and_wired_into_the_spec(helm: Helm) -> None:
+    import kubernetes_validate
+
+    spec = {"voices": {"registration": {"enabled": True}}}
+    docs = helm.render(SERVICE_CHART, {"spec": spec, "voiceStore": {"create": True, "size": "20Gi",
+                                                                    "storageClassName": "nfs-client"}}, namespace="tts")
+    pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    cr = next(d for d in docs if d["kind"] == "CosyVoiceService")
+    assert pvc["metadata"]["name"] == "cv-voices" and pvc["metadata"]["namespace"] == "tts"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["storageClassName"] == "nfs-client"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    kubernetes_validate.validate(pvc, K8S_VERSION, strict=True)
+    assert cr["spec"]["voices"] == {"pvc": {"claimName": "cv-voices"}, "registration": {"enabled": True}}
+    assert admit(yaml.safe_load(CRD_PATH.read_text()), cr)[1] == []
+    # a claim named in the spec wins; without create there is no claim
+    own = {"voices": {"pvc": {"claimName": "mine"}}}
+    docs = helm.render(SERVICE_CHART, {"spec": own, "voiceStore": {"create": True}}, namespace="tts")
+    assert next(d for d in docs if d["kind"] == "CosyVoiceService")["spec"] == own
+    assert [d["kind"] for d in helm.render(SERVICE_CHART, {"spec": own})] == ["CosyVoiceService"]
