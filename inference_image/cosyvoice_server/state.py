@@ -81,7 +81,7 @@ class ServerState:
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
         if s.voice_store_dir is not None:
-            self.voice_store = VoiceStore(s.voice_store_dir, self.pipeline.manifest)
+            self.voice_store = VoiceStore(s.voice_store_dir, self.pipeline.manifest, writable=s.allow_voice_registration)
             self.prompt_cache = PromptCache(self.voice_store, s.voice_cache_bytes, self._count_lookup)
             self.metrics.registered_voices.set_function(self.voice_store.count)
         if s.allow_voice_registration:

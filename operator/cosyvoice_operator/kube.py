@@ -56,6 +56,7 @@ SERVICE_MONITORS = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servi
 PODS = Resource("v1", "Pod", "pods")
 NODES = Resource("v1", "Node", "nodes", namespaced=False)
 SECRETS = Resource("v1", "Secret", "secrets")
+PVCS = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 _BY_KIND = {(r.api_version, r.kind): r for r in (COSYVOICESERVICES, DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS,
                                                  PODS, NODES)}

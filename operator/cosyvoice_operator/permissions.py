@@ -62,6 +62,8 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     # A Secret a CosyVoiceService's pods would read must carry the opt-in label: the operator reads its
     # metadata only (never its data; metrics credentials are files mounted into the operator's pod).
     Permission("", "secrets", ("get",), "check the opt-in label of Secrets a CosyVoiceService names (metadata)"),
+    # The voice store claim's access modes: a claim the replicas cannot share gets a warning event.
+    Permission("", "persistentvolumeclaims", ("get",), "warn when spec.voices.pvc cannot be shared by the replicas"),
     # kopf posts Kubernetes events about handler outcomes.
     Permission("", "events", ("create",), "kopf's events on CosyVoiceServices"),
     # Cluster-scoped: GPU capacity (allocatable MIG slices) and kopf's resource/namespace discovery.

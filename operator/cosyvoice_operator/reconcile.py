@@ -170,6 +170,7 @@ class Reconciler:
             rendered = render.render(owner, spec)
             admin.check_bounds(spec, render.container_resources(spec).get("limits") or {}, self.policy.bounds)
             self._check_secrets(owner, rendered)
+            self._check_voice_store(cr, owner, spec)
             actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
         except InvalidSpec as exc:
             self._record_invalid(cr, exc, previous, previous_status, generation)
@@ -194,6 +195,31 @@ class Reconciler:
             gpu_resource=spec.gpu.resource if spec.gpu else None)
         self._patch_status(owner, status, previous_status)
         return Result(status=status, actions=actions)
+
+    def _check_voice_store(self, cr: Obj, owner: render.Owner, spec: CosyVoiceServiceSpec) -> None:
+        """Replicas on several nodes can share ``spec.voices.pvc`` only if it is ReadWriteMany (ReadOnlyMany
+        when none registers). A warning, not a refusal: on one node a ReadWriteOnce claim still works."""
+        pvc, auto = spec.voices.pvc, spec.autoscaling
+        most = spec.desired_replicas
+        if auto is not None and auto.enabled and auto.max_replicas is not None:
+            most = max(most, auto.max_replicas)
+        if pvc is None or most < 2:
+            return
+        try:
+            claim = self.kube.get(kube.PVCS, owner.namespace, pvc.claim_name)
+        except kube.ApiError:
+            return  # not allowed or not now: the pods' own status says what goes wrong
+        where = f"PersistentVolumeClaim {pvc.claim_name} (spec.voices.pvc)"
+        if claim is None:
+            self._warn_once(cr, "VoiceStoreMissing", f"{where} does not exist in namespace {owner.namespace}; "
+                            "the pods wait for it")
+            return
+        modes = set((claim.get("spec") or {}).get("accessModes") or [])
+        if "ReadWriteMany" in modes or ("ReadOnlyMany" in modes and not spec.voices.registration.enabled):
+            return
+        self._warn_once(cr, "VoiceStoreNotShared", f"{where} has access modes {', '.join(sorted(modes)) or 'none'}: "
+                        f"up to {most} replicas on different nodes cannot all mount it (Multi-Attach error); "
+                        "use a ReadWriteMany claim (NFS, CephFS, EFS, Filestore, Azure Files)")
 
     def _check_secrets(self, owner: render.Owner, rendered: render.Rendered) -> None:
         """Every Secret the pods would read is in the service's namespace (pods cannot reach others) and

@@ -79,3 +79,48 @@ def test_working_voice_specs_are_admitted(crd: Obj, spec: Obj) -> None:
     defaulted, errors = admit(crd, cr(spec))
     assert errors == []
     assert parse_spec(defaulted["spec"]) == parse_spec(spec)
+
+
+# --- the claim's access modes ---------------------------------------------------------------------
+
+def claim(*modes: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "voices", "namespace": "default"},
+            "spec": {"accessModes": list(modes)}}
+
+
+@pytest.mark.parametrize("spec, modes, warning", [
+    ({"replicas": 2, "voices": STORE}, ("ReadWriteOnce",), "VoiceStoreNotShared"),
+    ({"replicas": 2, "voices": {**STORE, "registration": {"enabled": True}}}, ("ReadOnlyMany",), "VoiceStoreNotShared"),
+    ({"replicas": 1, "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQPSPerReplica": 2.0},
+      "voices": STORE}, ("ReadWriteOncePod",), "VoiceStoreNotShared"),
+    ({"replicas": 3, "voices": STORE}, None, "VoiceStoreMissing"),
+    ({"replicas": 2, "voices": {**STORE, "registration": {"enabled": True}}}, ("ReadWriteMany",), None),
+    ({"replicas": 2, "voices": STORE}, ("ReadOnlyMany",), None),  # nobody registers: reading is enough
+])
+def test_a_claim_the_replicas_cannot_share_is_warned_about_once(spec: Obj, modes: tuple[str, ...] | None,
+                                                                 warning: str | None) -> None:
+    from cosyvoice_operator.reconcile import Reconciler
+    from test_op_reconcile import FakeKube, add, service
+
+    fake, recorded = FakeKube(), []
+    reconciler = Reconciler(fake, record=lambda obj, t, r, m: recorded.append((t, r, m)))  # type: ignore[arg-type]
+    if modes is not None:
+        fake.objects["persistentvolumeclaims", "default", "voices"] = claim(*modes)
+    cr = add(fake, service(**spec))
+    reconciler.reconcile(cr)
+    reconciler.reconcile(cr)
+    warnings = [(r, m) for t, r, m in recorded if r.startswith("VoiceStore")]
+    if warning is None:
+        assert warnings == []
+    else:
+        assert [r for r, _ in warnings] == [warning] and "voices" in warnings[0][1]
+    assert ("deployments", "default", "tts") in fake.objects  # a warning never blocks the service
+
+
+def test_one_replica_needs_no_look_at_the_claim() -> None:
+    from cosyvoice_operator.reconcile import Reconciler
+    from test_op_reconcile import FakeKube, add, service
+
+    fake = FakeKube()
+    Reconciler(fake).reconcile(add(fake, service(voices=STORE)))
+    assert not any(plural == "persistentvolumeclaims" for _, plural, _ in fake.calls)

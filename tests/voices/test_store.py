@@ -189,3 +189,13 @@ def test_a_damaged_voice_file_is_reported_with_its_path(tmp_path, bundled):
     (s.voices / "alice" / "voice.npz").write_bytes(b"not a zip")
     with pytest.raises(Exception, match="not a readable .npz"):
         s.load("alice")
+
+
+def test_a_serving_only_replica_reads_a_store_nobody_wrote_yet(tmp_path, bundled):
+    reader = store_mod.VoiceStore(tmp_path, MANIFEST, writable=False)
+    assert reader.records() == [] and reader.count() == 0 and not reader.exists("alice")
+    assert list(tmp_path.iterdir()) == []  # it created nothing
+    VoiceStore(tmp_path).add(record("alice"), bundled["warm"])
+    assert [r.name for r in reader.records()] == ["alice"] and reader.count() == 1
+    with pytest.raises(FileNotFoundError):
+        store_mod.VoiceStore(tmp_path / "missing", MANIFEST, writable=False)

@@ -176,6 +176,7 @@ def _slots(request: Request) -> _Slots:
 async def register_voice(request: Request) -> JSONResponse:
     s = state_of(request)
     started = time.monotonic()
+    form = None
     try:
         ready_or_503(s)
         form = await _form(request, s.settings.max_voice_upload_bytes)
@@ -189,13 +190,18 @@ async def register_voice(request: Request) -> JSONResponse:
             rec = await asyncio.get_running_loop().run_in_executor(slots.pool, _register, s, name, upload, transcript)
         finally:
             slots.busy -= 1
-            await form.close()
     except APIError as exc:
         s.metrics.voice_registrations.labels(exc.code or str(exc.status)).inc()
         raise
     except ClientDisconnect:
         s.metrics.voice_registrations.labels("client_disconnected").inc()
         return Response(status_code=499)  # hung up while sending the clip: nobody reads an answer
+    except Exception:  # answered as a 500 by the app's handler; counted here
+        s.metrics.voice_registrations.labels("internal_error").inc()
+        raise
+    finally:
+        if form is not None:
+            await form.close()  # the spooled upload's temporary file
     s.metrics.voice_registrations.labels("ok").inc()
     s.metrics.voice_registration_duration.observe(time.monotonic() - started)
     log.info("voice %s registered (%s, %.1f s clip)", rec.name, rec.mode, rec.duration_seconds)
@@ -290,4 +296,8 @@ def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | N
     except VoiceExists:
         raise APIError(409, f"A voice named '{name}' was registered meanwhile (on this or another replica).",
                        param="name", code="voice_exists") from None
+    except OSError as exc:  # full, read-only or unmounted volume: the operator's to fix, said plainly
+        log.error("voice %s: the store could not be written: %s", name, exc)
+        raise APIError(500, f"The voice store could not be written ({exc.strerror or exc}); nothing was stored.",
+                       type="server_error", code="voice_store_error") from None
     return rec

@@ -74,17 +74,21 @@ class VoiceRecord:
 
 
 class VoiceStore:
-    """`manifest`: the served model, which every voice read must fit (a voice from another model is refused)."""
+    """`manifest`: the served model, which every voice read must fit (a voice from another model is refused).
+    `writable` False: a replica that only serves voices, on a read-only mount that may still be empty."""
 
-    def __init__(self, root: Path, manifest: Manifest) -> None:
+    def __init__(self, root: Path, manifest: Manifest, writable: bool = True) -> None:
         self.root = root
         self.manifest = manifest
         self.voices = root / "voices"
         self.staging = root / ".staging"
         self.trash = root / ".trash"
-        for d in (self.voices, self.staging, self.trash):
-            d.mkdir(parents=True, exist_ok=True)
-        self._sweep()
+        if writable:
+            for d in (self.voices, self.staging, self.trash):
+                d.mkdir(parents=True, exist_ok=True)
+            self._sweep()
+        elif not root.is_dir():
+            raise FileNotFoundError(f"voice store {root} is not a directory")
 
     def _sweep(self) -> None:
         """Removes what a process that died mid-write or mid-delete left (never a voice in voices/)."""
@@ -137,13 +141,23 @@ class VoiceStore:
     def records(self) -> list[VoiceRecord]:
         """Every complete voice, by name; read from disk on each call, so it is the same on every replica."""
         found = []
-        for entry in sorted(os.scandir(self.voices), key=lambda e: e.name):
+        for entry in sorted(self._entries(), key=lambda e: e.name):
             if valid_name(entry.name) and (rec := self.record(entry.name)) is not None:
                 found.append(rec)
         return found
 
-    def count(self) -> int:
-        return sum(1 for e in os.scandir(self.voices) if valid_name(e.name))
+    def count(self) -> float:
+        """Voices in the store (NaN while it cannot be read: a metric, never an error)."""
+        try:
+            return sum(1 for e in self._entries() if valid_name(e.name))
+        except OSError:
+            return float("nan")
+
+    def _entries(self) -> list[os.DirEntry]:
+        try:
+            return list(os.scandir(self.voices))
+        except FileNotFoundError:  # nothing registered yet on a store no replica has written to
+            return []
 
     def delete(self, name: str) -> bool:
         """Removes a voice; False if there was none. It disappears for every replica at the rename."""
