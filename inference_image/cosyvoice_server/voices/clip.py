@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile as sf
 
-# Upstream refuses prompt audio longer than 30 s (its frontend asserts it); shorter than a second
-# gives the speech tokenizer too little to describe a voice.
-MAX_SECONDS = 30.0
+from .features import MAX_SECONDS  # upstream's limit on prompt audio
+from .features import TOKENIZER_RATE as MIN_SAMPLE_RATE  # the encoders' rate: upsampling adds no voice
+
+# Shorter than a second gives the speech tokenizer too little to describe a voice.
 MIN_SECONDS = 1.0
-MIN_SAMPLE_RATE = 16_000  # the speech tokenizer and speaker model run at 16 kHz; upsampling adds no voice
 # The loudest 20 ms window must reach this: below it the clip is silence or hum, not a voice.
 SILENCE_DBFS = -50.0
 SUPPORTED = ("wav", "flac", "mp3", "ogg")
