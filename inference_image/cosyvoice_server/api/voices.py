@@ -31,6 +31,7 @@ from starlette.requests import Request as StarletteRequest
 
 from ..state import ServerState
 from ..voices import clip
+from ..voices.features import ClipError
 from ..voices.store import NAME_PATTERN, VoiceExists, VoiceRecord, valid_name
 from .auth import require_api_key
 from .errors import APIError
@@ -276,8 +277,6 @@ async def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
 
 def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None) -> VoiceRecord:
     """Decodes, extracts and stores one voice (in a registration thread). Any failure leaves the store as it was."""
-    from ..voices.features import ClipError
-
     upload.file.seek(0)
     data = upload.file.read()
     try:
