@@ -51,6 +51,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         task.cancel()
         if state.scheduler:
             await asyncio.to_thread(state.scheduler.stop)
+        if state.extraction:
+            state.extraction.close()
 
     # No trailing-slash redirects: Starlette builds their Location from the client's Host header.
     # The documents are added below, behind the API key.

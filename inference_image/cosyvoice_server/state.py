@@ -17,8 +17,8 @@ from .metrics import Metrics
 from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
 from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .streaming import ChunkPlanner
-from .voices.features import PromptEncoder
 from .voices.store import PromptCache, VoiceStore
+from .voices.worker import ExtractionPool
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     voice_store: VoiceStore | None = None
     prompt_cache: PromptCache | None = None
-    prompt_encoder: PromptEncoder | None = None  # while registration is allowed
+    extraction: ExtractionPool | None = None  # voice feature extraction, while registration is allowed
 
     @property
     def model_id(self) -> str:
@@ -85,8 +85,7 @@ class ServerState:
             self.prompt_cache = PromptCache(self.voice_store, s.voice_cache_bytes, self._count_lookup)
             self.metrics.registered_voices.set_function(self.voice_store.count)
         if s.allow_voice_registration:
-            self.prompt_encoder = PromptEncoder(s.model_dir, self.pipeline.manifest, self.pipeline.frontend,
-                                                threads=s.intra_op_threads)
+            self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency, s.intra_op_threads)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20))), self.metrics)
         self.scheduler.start()

@@ -6,8 +6,9 @@
     DELETE /v1/audio/voices/{name}
 
 Registering and deleting need `--allow-voice-registration` and, when a registration key is configured,
-that key (the synthesis key is refused with 403). Feature extraction runs in its own small thread pool,
-never on the event loop or a stage thread; when every slot is busy a registration gets 429 at once.
+that key (the synthesis key is refused with 403). Feature extraction runs in worker processes at a lower
+CPU priority (voices/worker.py), never on the event loop or beside the stage threads under one GIL; when
+every worker is busy a registration gets 429 at once.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -128,36 +127,6 @@ async def delete_voice(request: Request, name: str) -> JSONResponse:
     return JSONResponse({"id": name, "object": "voice.deleted", "deleted": True})
 
 
-# Extraction threads yield the CPU to the synthesis stage threads (Linux schedules threads one by one):
-# this much nicer than the process.
-EXTRACTION_NICENESS = 10
-
-
-def _lower_priority() -> None:
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + EXTRACTION_NICENESS))
-    except (AttributeError, OSError):  # not Linux, or not permitted: registration still works, at equal priority
-        log.debug("voice registration threads run at normal priority")
-
-
-class _Slots:
-    """The registration thread pool and how many of its slots are taken (touched on the event loop only)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.busy = 0
-        self.pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="voice-features",
-                                       initializer=_lower_priority)
-
-
-def _slots(request: Request) -> _Slots:
-    app_state = request.app.state
-    if not hasattr(app_state, "voice_slots"):
-        app_state.voice_slots = _Slots(state_of(request).settings.voice_registration_concurrency)
-    return app_state.voice_slots
-
-
 @router.post(
     "/audio/voices", status_code=201, dependencies=[Depends(require_registration)],
     openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
@@ -182,15 +151,15 @@ async def register_voice(request: Request) -> JSONResponse:
         ready_or_503(s)
         form = await _form(request, s.settings.max_voice_upload_bytes)
         name, upload, transcript = await _fields(s, form)
-        slots = _slots(request)
-        if slots.busy >= slots.size:
-            raise APIError(429, f"{slots.busy} voice registration(s) are already extracting features on this replica; "
+        pool = s.extraction
+        if pool.busy >= pool.size:
+            raise APIError(429, f"{pool.busy} voice registration(s) are already extracting features on this replica; "
                            "retry shortly.", type="rate_limit_error", code="registration_busy", headers={"Retry-After": "1"})
-        slots.busy += 1
+        pool.busy += 1
         try:
-            rec = await asyncio.get_running_loop().run_in_executor(slots.pool, _register, s, name, upload, transcript)
+            rec = await asyncio.to_thread(_register, s, name, upload, transcript)
         finally:
-            slots.busy -= 1
+            pool.busy -= 1
     except APIError as exc:
         s.metrics.voice_registrations.labels(exc.code or str(exc.status)).inc()
         raise
@@ -281,10 +250,14 @@ def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | N
     data = upload.file.read()
     try:
         c = clip.decode(data, upload.filename, upload.content_type)
-        voice = s.prompt_encoder.extract(c.audio, c.sample_rate, transcript, name=name)
+        voice = s.extraction.extract(c.audio, c.sample_rate, transcript, name)
     except (clip.ClipRejected, ClipError) as exc:
         raise APIError(400, getattr(exc, "message", str(exc)), param=getattr(exc, "param", "audio"),
                        code=getattr(exc, "code", "invalid_audio")) from None
+    except BrokenProcessPool:
+        raise APIError(503, "The voice feature extraction process stopped (see the server log); it has been "
+                       "restarted: retry.", type="server_error", code="registration_unavailable",
+                       headers={"Retry-After": "1"}) from None
     rec = VoiceRecord(name=name, mode="zero_shot" if transcript else "cross_lingual", transcript=transcript,
                       created_at=int(time.time()), model=s.pipeline.manifest.name,
                       duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=len(c.audio),
