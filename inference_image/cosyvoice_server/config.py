@@ -49,7 +49,7 @@ class Settings(BaseModel):
     max_voice_upload_bytes: int = Field(8 * 2**20, ge=1024, le=2**30, description="largest voice registration upload "
                                         "(413 beyond, refused before it is read whole)")
     voice_registration_concurrency: int = Field(1, ge=1, le=64, description="voice registrations extracting features at "
-                                                "once; more get 429 (extraction runs beside synthesis)")
+                                                "once, each in a worker process at a lower CPU priority; more get 429")
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")

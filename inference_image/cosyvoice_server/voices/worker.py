@@ -40,6 +40,10 @@ def _init(model_dir: str, threads: int) -> None:
         frontend = TextFrontend(Path(model_dir) / f.tokenizer, f.max_text_tokens_per_segment,
                                 f.min_text_tokens_per_segment, f.merge_text_tokens, f.text_frontend)
         _encoder = PromptEncoder(Path(model_dir), m, frontend, threads=threads)
+        # One extraction now: the text normalizers and the sessions load before the server is ready, not
+        # during the first registration (at this priority, on a busy CPU, that would take a minute).
+        t = np.arange(24000) / 16000
+        _encoder.extract((0.3 * np.sin(2 * np.pi * 150 * t)).astype(np.float32), 16000, "Warm-up.")
     except Exception as exc:  # reported by `ready`, so start-up fails with the reason
         _error = f"{exc.__class__.__name__}: {exc}"
 
