@@ -111,6 +111,10 @@ def voices_table(res: dict) -> str:
     for name, ph in (("idle", idle), ("registering", busy)):
         lines.append(f"| {name} | {ph['window_s']:.0f} | {ph['requests']} ({ph['errors']}) | {ph['ttfa_p50_ms']:.0f} "
                      f"| {ph['ttfa_p95_ms']:.0f} | {ph['ttfa_mean_ms']:.0f} |")
+    rounds = res.get("p50_ratio_per_round") or []
+    if rounds:
+        lines += ["", "TTFA p50 while registering ÷ in the idle window after it, per round: "
+                  + ", ".join(f"{r:.2f}" for r in rounds) + "."]
     lines += ["", f"Registrations: {reg['ok']} of {reg['count']} stored (HTTP {', '.join(map(str, reg['codes']))}; "
               f"{reg['retries_on_429']} retries after 429), {reg['p50_s']:.2f} s median, {reg['max_s']:.2f} s at most.", "",
               "| target | this run | met? |", "|---|---|---|",

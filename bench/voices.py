@@ -4,11 +4,11 @@ registered, against the same streams with no registration, side by side in one r
     .venv/bin/python -m bench.voices --streams 16 --voices 10 --rounds 3 --out docs/bench
 
 One server (registration on, a temporary store) runs a closed loop of `--streams` streamed requests the
-whole time. The run alternates windows: *idle* (`--idle-s` seconds, nothing else happens) and *registering*
-(`--voices` voices registered one after another from `--clip-s`-second 48 kHz WAV clips with a transcript,
-retried on 429; the window lasts until the last is stored). A request belongs to the window it started
-in; requests started in the 1 s gaps between windows are not counted. The voices are deleted between
-rounds (outside the windows). Writes `voices.json` to `--out`; `python -m tools.sync_chart` puts the table
+whole time. Each round has a *registering* window (`--voices` voices registered one after another from
+`--clip-s`-second 48 kHz WAV clips with a transcript, retried on 429; it lasts until the last is stored),
+then an *idle* window as long (at least `--idle-s`), in which nothing else happens. A request belongs to
+the window it started in; requests started in the 1 s gaps between windows are not counted. The voices
+are deleted after each round (outside the windows). Writes `voices.json` to `--out`; `python -m tools.sync_chart` puts the table
 into docs/benchmarks.md.
 """
 
@@ -50,11 +50,10 @@ def clip(seconds: float, rate: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
-async def register_all(url: str, n: int, clip_s: float, round_: int) -> list[dict]:
+async def register_all(url: str, clips: list[bytes], round_: int) -> list[dict]:
     out = []
     async with httpx.AsyncClient(base_url=url, timeout=300) as c:
-        for i in range(n):
-            data = clip(clip_s, 48000, seed=round_ * 100 + i)
+        for i, data in enumerate(clips):
             t0, retries = time.perf_counter(), 0
             while True:
                 r = await c.post("/v1/audio/voices", data={"name": f"bench-{round_}-{i}", "transcript": TEXT},
@@ -78,36 +77,47 @@ async def experiment(args: argparse.Namespace, url: str) -> dict:
             results.append(await one(pool[i % len(pool)], args.text, seed, True))
             seed += 1
 
+    # made before the streams start: generating them in the load generator's loop would delay its streams
+    clips = [[clip(args.clip_s, 48000, seed=k * 100 + i) for i in range(args.voices)] for k in range(args.rounds)]
     users = [asyncio.create_task(user(i)) for i in range(args.streams)]
     windows: list[tuple[str, float, float]] = []
     registrations: list[dict] = []
     await asyncio.sleep(args.warmup_s)
     for k in range(args.rounds):
         t0 = time.perf_counter()
-        await asyncio.sleep(args.idle_s)
-        windows.append(("idle", t0, time.perf_counter()))
-        await asyncio.sleep(GAP_S)
-        t0 = time.perf_counter()
-        registrations += await register_all(url, args.voices, args.clip_s, k)
+        registrations += await register_all(url, clips[k], k)
         windows.append(("registering", t0, time.perf_counter()))
         await asyncio.sleep(GAP_S)
+        t0 = time.perf_counter()
+        await asyncio.sleep(max(args.idle_s, windows[-1][2] - windows[-1][1]))  # as long as the registering window
+        windows.append(("idle", t0, time.perf_counter()))
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             for i in range(args.voices):
                 await c.delete(f"/v1/audio/voices/bench-{k}-{i}")
+        await asyncio.sleep(GAP_S)
     stop.set()
     await asyncio.gather(*users)
     await asyncio.gather(*[c.aclose() for c in pool])
 
+    def ttfa_ms(rs: list[Result]) -> np.ndarray:
+        return np.array([r.ttfa for r in rs if r.code == 200 and r.ttfa is not None]) * 1000
+
+    def started_in(w: tuple[str, float, float]) -> list[Result]:
+        return [r for r in results if w[1] <= r.start < w[2]]
+
+    # each round's registering window against the idle window right after it: the spread shows the noise
+    per_round = [float(np.median(ttfa_ms(started_in(busy))) / np.median(ttfa_ms(started_in(idle))))
+                 for busy, idle in zip(windows[::2], windows[1::2])]
     phases: dict[str, dict] = {}
     for kind in ("idle", "registering"):
-        mine = [r for r in results if any(w[0] == kind and w[1] <= r.start < w[2] for w in windows)]
-        ttfa = np.array([r.ttfa for r in mine if r.code == 200 and r.ttfa is not None]) * 1000
+        mine = [r for w in windows if w[0] == kind for r in started_in(w)]
+        ttfa = ttfa_ms(mine)
         seconds = sum(w[2] - w[1] for w in windows if w[0] == kind)
         phases[kind] = {"requests": len(mine), "errors": sum(r.code != 200 for r in mine), "window_s": seconds,
                         "ttfa_p50_ms": float(np.percentile(ttfa, 50)), "ttfa_p95_ms": float(np.percentile(ttfa, 95)),
                         "ttfa_mean_ms": float(ttfa.mean())}
     reg = np.array([r["seconds"] for r in registrations if r["code"] == 201])
-    return {"phases": phases,
+    return {"phases": phases, "p50_ratio_per_round": per_round,
             "registrations": {"count": len(registrations), "ok": int(len(reg)),
                               "codes": sorted({r["code"] for r in registrations}),
                               "retries_on_429": sum(r["retries"] for r in registrations),
@@ -121,7 +131,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--voices", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clip-s", type=float, default=10.0)
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--warmup-s", type=float, default=3.0)
