@@ -31,10 +31,21 @@ _encoder: PromptEncoder | None = None
 _error: str | None = None
 
 
+def _lower_priority() -> None:
+    """Every thread of this process, not only the calling one (Linux sets a nice value per thread): numpy's
+    BLAS started its threads when the module was imported, before this runs."""
+    tasks = Path("/proc/self/task")
+    for tid in (int(t.name) for t in tasks.iterdir()) if tasks.is_dir() else [0]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS))
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
 def _init(model_dir: str, threads: int) -> None:
     global _encoder, _error
     try:
-        os.nice(NICENESS)
+        _lower_priority()
         m = validate_model_dir(Path(model_dir), "fp32")
         f = m.frontend
         frontend = TextFrontend(Path(model_dir) / f.tokenizer, f.max_text_tokens_per_segment,
