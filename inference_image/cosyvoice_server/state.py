@@ -17,6 +17,7 @@ from .metrics import Metrics
 from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
 from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .streaming import ChunkPlanner
+from .streamtext import StreamTokenizer
 from .voices.store import PromptCache, VoiceStore
 from .voices.worker import ExtractionPool
 
