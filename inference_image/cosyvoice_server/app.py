@@ -16,6 +16,7 @@ from .api import errors
 from .api.auth import require_api_key
 from .api.openai import router
 from .api.voices import router as voices_router
+from .api.speech_stream import router as stream_router
 from .config import Settings
 from .gpu import NVMLCollector
 from .metrics import Metrics
@@ -64,6 +65,7 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.include_router(router)
     app.include_router(voices_router)
+    app.include_router(stream_router)
     if settings.docs:
         _add_documents(app)
 

@@ -135,3 +135,27 @@ class StreamEncoder:
             return b""
         self._ffmpeg.close()
         return self._sink.take()
+
+
+class StreamResampler:
+    """Converts successive float chunks from one sample rate to another (FFmpeg's libswresample through
+    PyAV), keeping its filter state across chunks so the seams are inaudible. `close` returns the
+    samples its filter still holds."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self.in_rate = in_rate
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=out_rate)
+
+    def _run(self, frame: av.AudioFrame | None) -> np.ndarray:
+        parts = [f.to_ndarray()[0] for f in self._resampler.resample(frame)]
+        return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+    def chunk(self, audio: np.ndarray) -> np.ndarray:
+        if not len(audio):
+            return np.zeros(0, np.float32)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio, np.float32)[None, :], format="flt", layout="mono")
+        frame.sample_rate = self.in_rate
+        return self._run(frame)
+
+    def close(self) -> np.ndarray:
+        return self._run(None)

@@ -58,6 +58,30 @@ class Metrics:
             "such as audio_too_long, voice_exists, registration_busy).", ["result"], registry=r)
         for result in ("hit", "miss"):
             self.voice_cache_lookups.labels(result)
+        # WebSocket speech sessions (/v1/audio/speech/stream); each is also one request in flight above.
+        self.stream_sessions_open = Gauge(
+            "cosyvoice_stream_sessions_open", "WebSocket speech sessions open now (the autoscaler's sessions signal).",
+            registry=r)
+        self.stream_sessions = Counter(
+            "cosyvoice_stream_sessions", "WebSocket speech sessions ended, by reason (done, client_closed, or the "
+            "error code sent: idle_timeout, slow_consumer, server_overloaded, ...).", ["reason"], registry=r)
+        self.stream_ttfa = Histogram(
+            "cosyvoice_stream_text_to_first_audio_seconds", "Time from a session's first text to its first audio "
+            "sent.", buckets=LATENCY_BUCKETS, registry=r)
+        self.stream_audio_lag = Histogram(
+            "cosyvoice_stream_audio_lag_seconds", "Time from the text that ends a segment (flush or end of input) "
+            "to the last of its audio sent: how far the audio trails the text.", buckets=LATENCY_BUCKETS, registry=r)
+        self.stream_characters = Counter(
+            "cosyvoice_stream_input_characters", "Text characters received by WebSocket speech sessions.", registry=r)
+        self.stream_session_audio = Histogram(
+            "cosyvoice_stream_session_audio_seconds", "Seconds of audio one WebSocket speech session produced.",
+            buckets=LATENCY_BUCKETS + (120.0, 300.0, 600.0), registry=r)
+        self.stream_session_duration = Histogram(
+            "cosyvoice_stream_session_duration_seconds", "How long WebSocket speech sessions stayed open.",
+            buckets=LATENCY_BUCKETS + (120.0, 300.0, 600.0, 1800.0, 3600.0), registry=r)
+        self.stream_send_buffer = Gauge(
+            "cosyvoice_stream_send_buffer_bytes", "Encoded audio and events queued for WebSocket clients, all "
+            "sessions together (each is bounded by stream_send_buffer_bytes).", registry=r)
         for stage in STAGES:
             self.queue_depth.labels(stage)
             self.batch_size.labels(stage)

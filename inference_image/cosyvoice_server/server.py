@@ -17,7 +17,7 @@ import uvicorn
 from .app import create_app
 from .config import Settings
 from .scheduling.request import Outcome
-from .timeouts import header_timeout_protocol
+from .timeouts import header_timeout_protocol, websocket_protocol
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,12 @@ def run(settings: Settings) -> int:
     app = create_app(settings, on_fatal=lambda msg: holder["server"].fatal(msg))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=5, access_log=False,
-                            http=header_timeout_protocol(settings.header_timeout_s))
+                            http=header_timeout_protocol(settings.header_timeout_s),
+                            # WebSocket speech sessions: a message over max_body_bytes gets the protocol's
+                            # error event (up to this size; beyond it the socket's own 1009 close); audio
+                            # does not compress, so no per-message deflate
+                            ws=websocket_protocol(close_grace_s=5.0), ws_max_size=16 * settings.max_body_bytes,
+                            ws_per_message_deflate=False)
     server = DrainingServer(config, settings)
     holder["server"] = server
     server.run()

@@ -5,6 +5,8 @@
   slowloris client holds a socket and a parser per connection for as long as it likes.
 - Body: a request whose body has not fully arrived within `body_timeout_s` of its headers gets a 408
   in OpenAI's error shape and the connection is closed.
+- WebSocket close: a closing connection whose peer does not read would wait forever for its last
+  bytes to drain (asyncio closes gracefully); it is aborted `close_grace_s` after the session ended.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from asyncio import TimerHandle
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from .api.errors import APIError
 
@@ -55,6 +58,20 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
             super().connection_lost(exc)
 
     return HeaderTimeoutProtocol
+
+
+def websocket_protocol(close_grace_s: float) -> type[WebSocketsSansIOProtocol]:
+    """uvicorn's WebSocket protocol whose connection is aborted once its session has ended and
+    `close_grace_s` has passed (pass as `Config(ws=...)`): what the socket still buffered for a peer
+    that stopped reading is dropped instead of held."""
+
+    class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
+        async def run_asgi(self) -> None:
+            await super().run_asgi()
+            # abort() is a no-op on a connection that has closed meanwhile
+            self.loop.call_later(close_grace_s, self.transport.abort)
+
+    return AbortingWebSocketProtocol
 
 
 class BodyTimeoutMiddleware:

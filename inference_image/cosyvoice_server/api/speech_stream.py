@@ -1,0 +1,454 @@
+"""GET /v1/audio/speech/stream: text in as it is written, audio out as it is spoken (WebSocket).
+
+One session is one bistream synthesis request in the shared scheduler. Three tasks serve it: the
+receiver reads client events and feeds the text, the pump turns the request's output into encoded
+frames in a bounded outbox, and the sender writes the outbox to the socket. The outbox is where a
+client that does not read shows: once it holds more than `stream_send_buffer_bytes` the session is
+closed (the socket's own buffers are bounded by the transport's high-water mark), so a stalled
+reader never grows the server's memory. The protocol is stream_protocol.py (docs/streaming.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import itertools
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect
+
+from ..audio import FORMATS, StreamEncoder, StreamResampler
+from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
+from ..scheduling.scheduler import Overloaded
+from ..state import ServerState
+from . import stream_protocol as p
+from .openai import OPENAI_MODEL_ALIASES
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/audio/speech/stream"
+SUBPROTOCOL = "cosyvoice.speech.v1"
+KEY_SUBPROTOCOL_PREFIX = "cosyvoice.key."  # + the API key, base64url without padding (browsers cannot set headers)
+FINAL_SEND_TIMEOUT_S = 2.0
+IDLE_POLL_S = 0.5  # the error event and close frame to a client that may not be reading
+_session_ids = itertools.count(1)
+
+router = APIRouter()
+
+
+def _offered_subprotocols(ws: WebSocket) -> list[str]:
+    return [x.strip() for x in ws.headers.get("sec-websocket-protocol", "").split(",") if x.strip()]
+
+
+def _presented_keys(ws: WebSocket) -> list[str] | None:
+    """The API keys the client presented (header and subprotocol); None when it presented none."""
+    keys = []
+    if "authorization" in ws.headers:
+        scheme, _, token = ws.headers["authorization"].partition(" ")
+        keys.append(token.strip() if scheme.lower() == "bearer" else "")
+    for proto in _offered_subprotocols(ws):
+        if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
+            encoded = proto[len(KEY_SUBPROTOCOL_PREFIX):]
+            try:
+                keys.append(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode())
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                keys.append("")
+    return keys or None
+
+
+def authorized(ws: WebSocket, key: str | None) -> bool:
+    """Fail closed: with a key configured, every credential presented must be it, and one must be presented."""
+    if key is None:
+        return True
+    presented = _presented_keys(ws)
+    # Constant-time per comparison: the time to reject must not tell how much of a guess was right.
+    return bool(presented) and all(hmac.compare_digest(k.encode(), key.encode()) for k in presented)
+
+
+@router.websocket(PATH)
+async def speech_stream(ws: WebSocket) -> None:
+    s: ServerState = ws.app.state.server
+    if not authorized(ws, s.api_key):
+        # Refused in the handshake, as the HTTP API: 401 in OpenAI's error shape.
+        s.metrics.stream_sessions.labels("invalid_api_key").inc()
+        error = p.error_event("Missing or incorrect API key: send 'Authorization: Bearer <key>', or from a browser "
+                              f"the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<the key, base64url>'.", "invalid_api_key")
+        await ws.send_denial_response(JSONResponse({"error": error["error"]}, status_code=401,
+                                                   headers={"WWW-Authenticate": "Bearer"}))
+        return
+    await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in _offered_subprotocols(ws) else None)
+    await _Session(ws, s).run()
+
+
+@dataclass
+class _Segment:
+    characters: int
+    text_end_at: float  # when the flush or end that closed it arrived
+
+
+class _SlowConsumer(Exception):
+    pass
+
+
+class _Session:
+    def __init__(self, ws: WebSocket, state: ServerState) -> None:
+        self.ws = ws
+        self.s = state
+        self.m = state.metrics
+        self.settings = state.settings
+        self.id = f"sess_{next(_session_ids)}"
+        self.rules = p.SessionRules()
+        self.req: SynthesisRequest | None = None
+        self.options: p.SessionOptions | None = None
+        self.outbox: deque[tuple[str | bytes, bool]] = deque()  # (frame, carries audio)
+        self.buffered = 0  # bytes in the outbox
+        self.wake = asyncio.Event()
+        self.last_activity = time.monotonic()
+        self.first_text_at: float | None = None
+        self.first_audio_sent = False
+        self.pending_chars = 0  # text appended since the last flush
+        self.segments: deque[_Segment] = deque()  # flushed or ended, audio not all out yet
+        self.segment_index = 0
+        self.total_chars = 0
+        self.total_samples = 0
+        self.usage_tokens = [0, 0]  # input, output
+        self.pump_done = asyncio.Event()
+
+    # The whole session -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        self.m.stream_sessions_open.inc()
+        started = time.monotonic()
+        reason, outcome = "client_closed", Outcome.CANCELLED
+        tasks: list[asyncio.Task] = []
+        try:
+            try:
+                first = await self._first_event()
+                await self._start(first)
+            except p.ProtocolError as exc:
+                reason = exc.code
+                await self._fail(exc)
+                return
+            except WebSocketDisconnect:
+                return
+            tasks = [asyncio.create_task(self._receive(), name=f"{self.id}-receive"),
+                     asyncio.create_task(self._pump(), name=f"{self.id}-pump"),
+                     asyncio.create_task(self._send(), name=f"{self.id}-send")]
+            pending, ended = set(tasks), None
+            while ended is None:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                # the pump ending without an error only means all output is queued: the sender decides
+                ended = next((t for t in done if t is not tasks[1] or t.exception() is not None), None)
+            reason, outcome, error = self._ending(ended)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if error is not None:
+                await self._fail(error)
+            elif reason == "done":
+                await self._close(p.NORMAL, "done")
+        finally:
+            for t in tasks:
+                t.cancel()
+            if self.req is not None:
+                self.s.scheduler.release(self.req, outcome)
+            self.m.stream_sessions_open.dec()
+            self.m.stream_send_buffer.dec(self.buffered)
+            self.buffered = 0
+            self.m.stream_sessions.labels(reason).inc()
+            self.m.stream_session_duration.observe(time.monotonic() - started)
+            if self.req is not None:
+                self.m.stream_session_audio.observe(self.total_samples / self.s.pipeline.sample_rate)
+            log.debug("%s ended: %s", self.id, reason)
+
+    def _ending(self, task: asyncio.Task) -> tuple[str, Outcome, p.ProtocolError | None]:
+        """Why the session ends, from the first task that ended it: (reason, outcome, error to send)."""
+        exc = task.exception()
+        if isinstance(exc, p.ProtocolError):
+            return exc.code, Outcome.CANCELLED, exc
+        if isinstance(exc, _SlowConsumer):
+            return "slow_consumer", Outcome.CANCELLED, p.ProtocolError(
+                "slow_consumer", f"The client did not read its audio: more than {self.settings.stream_send_buffer_bytes} "
+                "bytes were waiting to be sent. Read the socket continuously (buffer audio on the client).")
+        if isinstance(exc, _Ended):
+            return exc.reason, exc.outcome, exc.error
+        if isinstance(exc, WebSocketDisconnect):
+            if self.pump_done.is_set() and not self.outbox:  # it hung up after speech.audio.done
+                return "done", Outcome.OK, None
+            return "client_closed", Outcome.CANCELLED, None
+        if exc is not None:
+            log.error("%s: %s", self.id, exc, exc_info=exc)
+            return "internal_error", Outcome.FAILED, p.ProtocolError(
+                "internal_error", f"Internal server error ({exc.__class__.__name__}); see the server log.",
+                type="server_error", close_code=p.INTERNAL_ERROR)
+        return "done", Outcome.OK, None  # the sender delivered everything after speech.audio.done
+
+    # Start ---------------------------------------------------------------------------------------------
+    async def _first_event(self) -> p.SessionUpdate:
+        event = await self._next_event(timeout=self.settings.stream_idle_timeout_s)
+        if event is None:
+            raise self._idle_error()
+        self.rules.check(event)
+        assert isinstance(event, p.SessionUpdate)
+        return event
+
+    async def _start(self, event: p.SessionUpdate) -> None:
+        s, o, eid = self.s, event.options, event.event_id
+        if s.draining:
+            raise p.ProtocolError("shutting_down", "The server is shutting down; connect to another replica.",
+                                  type="server_error", close_code=p.GOING_AWAY, event_id=eid)
+        if not s.ready:
+            raise p.ProtocolError("model_loading", "The model is still loading; retry shortly.", type="server_error",
+                                  close_code=p.TRY_AGAIN_LATER, event_id=eid)
+        if o.model is not None and o.model not in (s.model_id, *OPENAI_MODEL_ALIASES):
+            raise p.ProtocolError("model_not_found", f"The model '{o.model}' does not exist; this server serves "
+                                  f"'{s.model_id}'.", param="session.model", event_id=eid)
+        voice = s.voice(o.voice_id)
+        if voice is None:
+            names = sorted([*s.pipeline.voices, *s.voice_aliases])
+            raise p.ProtocolError("invalid_voice", f"Unknown voice '{o.voice_id}'; available: {', '.join(names)}.",
+                                  param="session.voice", event_id=eid)
+        if o.instructions:
+            raise p.ProtocolError("unsupported_parameter", "This model does not take 'instructions' (CosyVoice2 "
+                                  "instruct voices are not loaded).", param="session.instructions", event_id=eid)
+        try:
+            rate = o.check_rate(s.pipeline.sample_rate)
+        except p.ProtocolError as exc:
+            exc.event_id = eid
+            raise
+        req = s.new_bistream_request(s.pipeline.voices[voice], o.seed, speed=o.speed)
+        try:
+            s.scheduler.submit(req)
+        except Overloaded as exc:
+            raise p.ProtocolError("server_overloaded", str(exc).capitalize() + ".", type="rate_limit_error",
+                                  close_code=p.TRY_AGAIN_LATER, event_id=eid) from None
+        self.req, self.options = req, o
+        self.rate = rate
+        self.encoder = StreamEncoder(o.response_format, rate)
+        self.resampler = StreamResampler(s.pipeline.sample_rate, rate) if rate != s.pipeline.sample_rate else None
+        self.header = self.encoder.header()
+        await self.ws.send_text(json.dumps({
+            "type": "session.created", "event_id": eid,
+            "session": {"id": self.id, "model": s.model_id, "voice": voice, "response_format": o.response_format,
+                        "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed, "speed": o.speed},
+            "limits": {"max_message_bytes": self.settings.max_body_bytes,
+                       "idle_timeout_s": self.settings.stream_idle_timeout_s,
+                       "send_buffer_bytes": self.settings.stream_send_buffer_bytes},
+        }))
+
+    # Receiving -----------------------------------------------------------------------------------------
+    def _idle_error(self) -> p.ProtocolError:
+        return p.ProtocolError("idle_timeout", f"No message from the client for {self.settings.stream_idle_timeout_s:g} s "
+                               "while the server waited for its text; send input_text.end when the text is complete.")
+
+    async def _next_event(self, timeout: float) -> p.ClientEvent | None:
+        """The next client event; None if none came within `timeout`."""
+        try:
+            message = await asyncio.wait_for(self.ws.receive(), timeout)
+        except TimeoutError:
+            return None
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        self.last_activity = time.monotonic()
+        if message.get("text") is None:
+            raise p.ProtocolError("binary_not_supported", "Client messages are JSON text frames; binary frames are "
+                                  "not accepted.", close_code=p.UNSUPPORTED_DATA)
+        return p.parse_event(message["text"], self.settings.max_body_bytes)
+
+    def _idle_timeout(self) -> float | None:
+        """Seconds the receiver may wait now; None when the server, not the client, is the one working."""
+        if self.rules.ended or self.segments:
+            return None  # waiting for audio: flushed text or the end of input is being synthesized
+        return max(0.0, self.last_activity + self.settings.stream_idle_timeout_s - time.monotonic())
+
+    async def _receive(self) -> None:
+        while True:
+            # Waits are short so the idle clock follows the synthesis (it stops while audio is owed).
+            wait = self._idle_timeout()
+            if wait == 0:
+                raise self._idle_error()
+            event = await self._next_event(min(wait, IDLE_POLL_S) if wait is not None else IDLE_POLL_S)
+            if event is not None:
+                self.rules.check(event)
+                self._feed(event)
+
+    def _feed(self, event: p.ClientEvent) -> None:
+        req, now = self.req, time.monotonic()
+        if isinstance(event, p.Append):
+            if not event.text:
+                return
+            if self.first_text_at is None:
+                self.first_text_at = now
+            self.pending_chars += len(event.text)
+            self.total_chars += len(event.text)
+            self.m.stream_characters.inc(len(event.text))
+            req.feed.push(event.text)
+        elif isinstance(event, p.Flush):
+            if self.pending_chars:  # a flush with nothing new makes no segment
+                self.segments.append(_Segment(self.pending_chars, now))
+                self.pending_chars = 0
+                req.feed.flush()
+        elif isinstance(event, p.End):
+            if self.pending_chars:
+                self.segments.append(_Segment(self.pending_chars, now))
+                self.pending_chars = 0
+            req.feed.end()
+
+    # Producing -----------------------------------------------------------------------------------------
+    def _queue(self, frame: str | bytes, audio: bool = False) -> None:
+        self.outbox.append((frame, audio))
+        self.buffered += len(frame)
+        self.m.stream_send_buffer.inc(len(frame))
+        self.wake.set()
+        if self.buffered > self.settings.stream_send_buffer_bytes:
+            raise _SlowConsumer
+
+    def _queue_event(self, event: dict) -> None:
+        self._queue(json.dumps(event))
+
+    def _queue_audio(self, data: bytes) -> None:
+        if self.header:
+            data, self.header = self.header + data, b""
+        if not data:
+            return
+        if self.options.stream_format == "json":
+            self._queue(json.dumps({"type": "speech.audio.delta", "segment": self.segment_index,
+                                    "audio": base64.b64encode(data).decode()}), audio=True)
+        else:
+            self._queue(data, audio=True)
+
+    async def _encode(self, audio: np.ndarray | None) -> bytes:
+        """Model audio (None: the end of the stream) to the session's format and rate."""
+        def work() -> bytes:
+            if audio is None:
+                tail = self.resampler.close() if self.resampler else np.zeros(0, np.float32)
+                return (self.encoder.chunk(tail) if len(tail) else b"") + self.encoder.close()
+            chunk = self.resampler.chunk(audio) if self.resampler else audio
+            return self.encoder.chunk(chunk) if len(chunk) else b""
+
+        # compressed formats and resampling cost milliseconds: off the event loop, as the HTTP path
+        if FORMATS[self.options.response_format].muxer is None and self.resampler is None:
+            return work()
+        return await asyncio.to_thread(work)
+
+    async def _pump(self) -> None:
+        req, sr = self.req, self.s.pipeline.sample_rate
+        while True:
+            remaining = req.deadline - time.monotonic()
+            try:
+                item = await asyncio.wait_for(req.out.get(), max(0.0, remaining))
+            except TimeoutError:
+                raise _Ended("timeout", Outcome.TIMEOUT, p.ProtocolError(
+                    "timeout", f"The session did not finish within the request timeout of "
+                    f"{self.settings.request_timeout_s:g} s.", type="server_error", close_code=p.INTERNAL_ERROR)) from None
+            if isinstance(item, np.ndarray):
+                self.total_samples += len(item)
+                self.last_activity = time.monotonic()
+                self._queue_audio(await self._encode(item))
+            elif isinstance(item, SegmentDone):
+                self._segment_done(item, sr)
+            elif isinstance(item, Done):
+                await self._finish(item)
+                return
+
+    def _segment_done(self, item: SegmentDone, sr: int) -> None:
+        seg = self.segments.popleft() if self.segments else _Segment(0, time.monotonic())
+        self.m.stream_audio_lag.observe(time.monotonic() - seg.text_end_at)
+        tokens = _tokens(item)
+        if tokens is not None:
+            self.usage_tokens[0] += tokens[0]
+            self.usage_tokens[1] += tokens[1]
+        samples = getattr(item, "samples", None)
+        audio_s = samples / sr if samples is not None else 0.0
+        self._queue_event({"type": "speech.segment.done", "segment": self.segment_index,
+                           "usage": p.usage(seg.characters, audio_s, *(tokens or (None, None)))})
+        self.segment_index += 1
+        self.last_activity = time.monotonic()
+
+    async def _finish(self, item: Done) -> None:
+        if item.outcome == Outcome.OK:
+            self._queue_audio(await self._encode(None))
+            self._queue_event({"type": "speech.audio.done", "usage": p.usage(
+                self.total_chars, self.total_samples / self.s.pipeline.sample_rate, *self.usage_tokens)})
+            self.pump_done.set()
+            self.wake.set()
+            return
+        if item.outcome == Outcome.SHUTDOWN:
+            raise _Ended("shutting_down", item.outcome, p.ProtocolError(
+                "shutting_down", f"The server shut down before the session finished: {item.message}. Reconnect to "
+                "another replica.", type="server_error", close_code=p.GOING_AWAY))
+        raise _Ended("internal_error", item.outcome, p.ProtocolError(
+            "internal_error", f"Synthesis failed: {item.message or item.outcome.value}.", type="server_error",
+            close_code=p.INTERNAL_ERROR))
+
+    # Sending -------------------------------------------------------------------------------------------
+    async def _send(self) -> None:
+        while True:
+            while not self.outbox:
+                if self.pump_done.is_set():
+                    return  # everything, speech.audio.done included, is out
+                self.wake.clear()
+                await self.wake.wait()
+            frame, audio = self.outbox[0]
+            if isinstance(frame, bytes):
+                await self.ws.send_bytes(frame)
+            else:
+                await self.ws.send_text(frame)
+            self.outbox.popleft()
+            self.buffered -= len(frame)
+            self.m.stream_send_buffer.dec(len(frame))
+            if audio and not self.first_audio_sent:
+                self.first_audio_sent = True
+                if self.first_text_at is not None:
+                    self.m.stream_ttfa.observe(time.monotonic() - self.first_text_at)
+
+    # Ending --------------------------------------------------------------------------------------------
+    async def _fail(self, error: p.ProtocolError) -> None:
+        """Drops what was not sent, sends the error event and closes with its code, within a bounded time."""
+        self.m.stream_send_buffer.dec(self.buffered)
+        self.outbox.clear()
+        self.buffered = 0
+        try:
+            await asyncio.wait_for(self._error_and_close(error), FINAL_SEND_TIMEOUT_S)
+        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+            pass  # a client that does not read or already left: the connection is dropped
+
+    async def _error_and_close(self, error: p.ProtocolError) -> None:
+        await self.ws.send_text(json.dumps(error.event()))
+        await self.ws.close(error.close_code, error.code)
+
+    async def _close(self, code: int, reason: str) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code, reason), FINAL_SEND_TIMEOUT_S)
+        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+            pass
+
+
+class _Ended(Exception):
+    """The synthesis ended otherwise than with all its audio: the session's reason and error event."""
+
+    def __init__(self, reason: str, outcome: Outcome, error: p.ProtocolError) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.outcome = outcome
+        self.error = error
+
+
+def _tokens(item: SegmentDone) -> tuple[int, int] | None:
+    """(text tokens, speech tokens) of a segment, when the engine reports them."""
+    usage = getattr(item, "usage", None)
+    if usage is None:
+        return None
+    if isinstance(usage, dict):
+        i, o = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        i, o = getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
+    return (int(i), int(o)) if i is not None and o is not None else None

@@ -1,0 +1,190 @@
+"""Bad input and bad clients on the WebSocket speech stream: each gets its error event and close
+code, the session ends, and the server stays ready with nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from wskit import SENTENCE, assert_server_healthy, metric, open_raw, send, start, until_closed, wait_for_metric
+
+from cosyvoice_server.client import StreamError, connect, speak
+
+BIG = 65536 + 1  # over the default max_body_bytes
+
+
+@pytest.mark.parametrize(("frames", "code", "close"), [
+    (["this is not json"], "invalid_json", 1008),
+    ([{"type": "response.create"}], "unknown_event", 1008),
+    ([{"type": "input_text.end"}, {"type": "input_text.append", "text": "late"}], "input_ended", 1008),
+    ([{"type": "input_text.append", "text": "x" * BIG}], "message_too_large", 1009),
+    ([b"\x00\x01binary"], "binary_not_supported", 1003),
+    ([{"type": "session.update", "session": {"voice": "warm"}}], "session_already_started", 1008),
+    ([{"type": "input_text.append", "text": 42}], "invalid_value", 1008),
+])
+async def test_each_bad_input_gets_its_error_event_and_close_code(server, frames, code, close) -> None:
+    ws = await open_raw(server.url)
+    await start(ws)
+    if code == "input_ended":  # some text, so the session is still speaking when the late text comes
+        await send(ws, {"type": "input_text.append", "text": " ".join([SENTENCE] * 4)})
+    for f in frames:
+        await send(ws, f)
+    events, _, got_close = await until_closed(ws)
+    errors = [e for e in events if e["type"] == "error"]
+    assert len(errors) == 1, events
+    err = errors[0]["error"]
+    assert err["code"] == code and err["type"] == "invalid_request_error" and len(err["message"]) > 20
+    assert got_close == close
+    assert events[-1]["type"] == "error"  # nothing after the error
+    assert_server_healthy(server.url)
+    assert metric(server.url, "cosyvoice_stream_sessions_total", f'reason="{code}"') >= 1
+
+
+async def test_text_before_the_session_options_is_refused(server) -> None:
+    ws = await open_raw(server.url)
+    await send(ws, {"type": "input_text.append", "text": "hello", "event_id": "ev-1"})
+    events, _, close = await until_closed(ws)
+    assert [e["error"]["code"] for e in events] == ["session_not_started"] and close == 1008
+    assert events[0]["error"]["event_id"] == "ev-1"
+
+
+async def test_a_message_beyond_the_socket_limit_is_cut_by_the_websocket_layer(server) -> None:
+    ws = await open_raw(server.url, max_size=None)
+    await start(ws)
+    await send(ws, {"type": "input_text.append", "text": "x" * (17 * 65536)})
+    _, _, close = await until_closed(ws)
+    assert close == 1009
+    assert_server_healthy(server.url)
+
+
+async def test_idle_clients_are_closed_but_slow_writers_and_waiting_for_audio_are_not(start_server) -> None:
+    srv = start_server("--stream-idle-timeout-s", "1")
+    # nothing at all after connecting
+    ws = await open_raw(srv.url)
+    t0 = time.monotonic()
+    events, _, close = await until_closed(ws)
+    assert [e["error"]["code"] for e in events] == ["idle_timeout"] and close == 1008
+    assert 0.9 < time.monotonic() - t0 < 5
+    # a writer slower than the audio but never silent for the timeout completes
+    async with await connect(srv.url) as s:
+        async def trickle():
+            for w in ["Slow", " but", " steady", " text", " keeps", " the", " session."]:
+                yield w
+                await asyncio.sleep(0.6)
+        result = await speak(s, trickle())
+    assert result.usage["input_characters"] == len("Slow but steady text keeps the session.")
+    # text flushed, then silence: the segment's audio all arrives first, then the idle close
+    ws = await open_raw(srv.url)
+    await start(ws)
+    await send(ws, {"type": "input_text.append", "text": SENTENCE})
+    await send(ws, {"type": "input_text.flush"})
+    events, frames, close = await until_closed(ws)
+    assert [e["type"] for e in events] == ["speech.segment.done", "error"], events
+    assert events[-1]["error"]["code"] == "idle_timeout" and close == 1008
+    assert len(b"".join(frames)) == pytest.approx(events[0]["usage"]["audio_seconds"] * 48000, abs=48)
+    assert_server_healthy(srv.url)
+
+
+def _small_window_socket(port: int) -> socket.socket:
+    """A client socket with a tiny receive buffer: once it stops reading, the server's writes stall."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+async def test_a_client_that_stops_reading_is_closed_and_server_memory_stays_bounded(start_server) -> None:
+    bound = 32768
+    srv = start_server("--stream-send-buffer-bytes", str(bound))
+    # max_queue=1: the client library stops reading the socket as soon as one message waits for us
+    ws = await open_raw(srv.url, sock=_small_window_socket(srv.port), max_queue=1)
+    await start(ws)
+    text = " ".join([SENTENCE] * 15)
+    await send(ws, {"type": "input_text.append", "text": text})
+    await send(ws, {"type": "input_text.end"})
+    peak = 0.0
+    deadline = time.monotonic() + 30
+    while metric(srv.url, "cosyvoice_stream_sessions_total", 'reason="slow_consumer"') < 1:
+        assert time.monotonic() < deadline, "the session of a client that does not read was never closed"
+        peak = max(peak, metric(srv.url, "cosyvoice_stream_send_buffer_bytes"))
+        await asyncio.sleep(0.05)
+    assert peak <= bound + 16384  # the bound, plus at most the frame that crossed it
+    assert_server_healthy(srv.url)
+    # the connection is dropped (within the close grace) even though the client never reads again
+    await asyncio.sleep(6)
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await asyncio.wait_for(ws.recv(), 10)
+    # a client that reads is served after it (opus: its burst stays far below this small bound)
+    async with await connect(srv.url, response_format="opus") as s:
+        assert (await speak(s, [SENTENCE])).audio
+
+
+async def test_admission_full_is_a_retry_later_error(start_server) -> None:
+    srv = start_server("--max-batch-size", "1", "--max-queue-size", "0")
+    holder = await connect(srv.url)
+    with pytest.raises(StreamError) as err:
+        await connect(srv.url)
+    e = err.value
+    assert (e.code, e.type, e.close_code) == ("server_overloaded", "rate_limit_error", 1013)
+    assert "retry after" in e.message
+    # HTTP requests count against the same admission
+    r = httpx.post(srv.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Full."}, timeout=30)
+    assert r.status_code == 429
+    await holder.close()
+    assert wait_for_metric(srv.url, "cosyvoice_inflight_requests", "", 0) == 0
+    async with await connect(srv.url) as s:  # the slot is free again
+        assert (await speak(s, [SENTENCE])).audio
+
+
+async def test_draining_refuses_new_sessions_lets_open_ones_finish_and_ends_the_rest(start_server) -> None:
+    srv = start_server("--drain-timeout-s", "4")
+    finishing = await connect(srv.url, seed=2)
+    silent = await connect(srv.url)
+    await finishing.append(SENTENCE)
+    srv.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while httpx.get(srv.url + "/readyz", timeout=5).status_code != 503:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    with pytest.raises(StreamError) as err:
+        await connect(srv.url)
+    assert (err.value.code, err.value.close_code) == ("shutting_down", 1001)
+    result = await speak(finishing, [" It still finishes."])
+    assert result.usage["input_characters"] == len(SENTENCE + " It still finishes.")
+    with pytest.raises(StreamError) as err:  # the drain deadline ends the session that never spoke
+        async for _ in silent:
+            pass
+    assert (err.value.code, err.value.close_code) == ("shutting_down", 1001)
+    assert srv.proc.wait(20) == 0
+
+
+def _key_protocol(key: str) -> str:
+    return "cosyvoice.key." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+async def test_api_key_by_header_or_browser_subprotocol_fails_closed(start_server) -> None:
+    key = "k3y/with+odd=chars"
+    srv = start_server(env={"COSYVOICE_API_KEY": key})
+    for kw in ({}, {"additional_headers": {"Authorization": "Bearer nope"}},
+               {"subprotocols": ["cosyvoice.speech.v1", _key_protocol("nope")]}):
+        with pytest.raises(InvalidStatus) as err:
+            await open_raw(srv.url, **kw)
+        response = err.value.response
+        assert response.status_code == 401
+        assert json.loads(response.body)["error"]["code"] == "invalid_api_key"
+    async with await connect(srv.url, api_key=key) as s:
+        assert (await speak(s, [SENTENCE])).audio
+    # what a browser does: the key in a second subprotocol; the server answers with the protocol only
+    ws = await open_raw(srv.url, subprotocols=["cosyvoice.speech.v1", _key_protocol(key)])
+    assert ws.subprotocol == "cosyvoice.speech.v1"
+    await start(ws)
+    await ws.close()
+    assert metric(srv.url, "cosyvoice_stream_sessions_total", 'reason="invalid_api_key"') == 3
