@@ -177,6 +177,7 @@ class QueryOverrides(_Model):
     time_to_first_audio_ms: str | None = Field(default=None, max_length=4096)
     qps: str | None = Field(default=None, max_length=4096)
     inflight: str | None = Field(default=None, max_length=4096)
+    sessions: str | None = Field(default=None, max_length=4096)
 
 
 class Fallback(_Model):
@@ -209,6 +210,7 @@ class Autoscaling(_Model):
     target_time_to_first_audio_ms: int | None = Field(default=None, ge=1)
     target_qps_per_replica: float | None = Field(default=None, gt=0, alias="targetQPSPerReplica")
     target_inflight_per_replica: float | None = Field(default=None, gt=0)
+    target_sessions_per_replica: float | None = Field(default=None, gt=0)
     tolerance: float = Field(default=0.1, ge=0, le=1)
     scale_up: ScalingRules | None = None
     scale_down: ScalingRules | None = None
@@ -235,9 +237,11 @@ class Autoscaling(_Model):
             if self.max_replicas is None:
                 raise ValueError("autoscaling.maxReplicas is required when autoscaling is enabled")
             if not any(v is not None for v in (self.target_p95_latency_ms, self.target_time_to_first_audio_ms,
-                                               self.target_qps_per_replica, self.target_inflight_per_replica)):
+                                               self.target_qps_per_replica, self.target_inflight_per_replica,
+                                               self.target_sessions_per_replica)):
                 raise ValueError("autoscaling needs at least one target (targetQPSPerReplica, "
-                                 "targetInflightPerReplica, targetP95LatencyMs or targetTimeToFirstAudioMs)")
+                                 "targetInflightPerReplica, targetSessionsPerReplica, targetP95LatencyMs or "
+                                 "targetTimeToFirstAudioMs)")
         if self.fallback and self.max_replicas is not None and self.fallback.replicas > self.max_replicas:
             raise ValueError("autoscaling.fallback.replicas must not exceed autoscaling.maxReplicas")
         if self.capacity_profile is not None:

@@ -31,7 +31,7 @@ How a decision is made (``decide``):
    noisier than Poisson: ``_dispersion``, ``_clump``); ``targetQPSPerReplica`` is used as given (with
    both, the lower). The count
    depends on demand only, not on how many replicas exist, so **warming pods count as capacity**.
-   ``targetInflightPerReplica`` adds a second count; the larger wins.
+   ``targetInflightPerReplica`` and ``targetSessionsPerReplica`` (open speech sessions) add counts; the larger wins.
 4. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1).
 5. **p95 guardrail with hysteresis**: p95 (or time to first audio) above ``target × (1 + tolerance)``
    for a whole rate window with no pod warming and no backlog draining adds ``latencyGuardStepPercent``
@@ -98,6 +98,7 @@ class Settings:
     max_replicas: int = 10
     target_qps_per_replica: float | None = None
     target_inflight_per_replica: float | None = None
+    target_sessions_per_replica: float | None = None
     target_p95_ms: float | None = None
     target_ttfa_ms: float | None = None
     tolerance: float = 0.1
@@ -130,6 +131,7 @@ class Settings:
             min_replicas=spec.min_replicas, max_replicas=spec.max_replicas or max(spec.min_replicas, 1),
             target_qps_per_replica=spec.target_qps_per_replica,
             target_inflight_per_replica=spec.target_inflight_per_replica,
+            target_sessions_per_replica=spec.target_sessions_per_replica,
             target_p95_ms=spec.target_p95_latency_ms, target_ttfa_ms=spec.target_time_to_first_audio_ms,
             tolerance=spec.tolerance,
             scale_up=rules(spec.scale_up, DEFAULT_SCALE_UP), scale_down=rules(spec.scale_down, DEFAULT_SCALE_DOWN),
@@ -191,6 +193,7 @@ class Metrics:
     qps_slope: float | None = None  # d(qps)/dt over the last minutes (req/s per s): the trend of a ramp
     inflight_growth_short: float | None = None  # the in-flight gauge's growth over the short window
     audio_s: float | None = None  # mean seconds of audio per request (request length, for the profile)
+    sessions: float | None = None  # open WebSocket speech sessions (cosyvoice_stream_sessions_open)
     rate_history: tuple[float, ...] = ()  # the rate over the forecast lookback, oldest first, ending now
     work_history: tuple[float, ...] = ()  # the same for seconds of audio per second (the work), when measured
     history_step_s: float = 60.0  # spacing of rate_history and work_history
@@ -413,6 +416,11 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
         value = m.inflight / s.target_inflight_per_replica
         if best is None or value > best:
             best, which = value, "inflight"
+    # Open speech sessions: each holds a slot and a KV cache while open, also while it waits for text
+    if s.target_sessions_per_replica and m.sessions is not None:
+        value = m.sessions / s.target_sessions_per_replica
+        if best is None or value > best:
+            best, which = value, "sessions"
     return best, which, demand, predicted
 
 

@@ -52,6 +52,8 @@ TEMPLATES = {
     # the trend of the rate over five minutes (req/s per s): a ramp's slope, for the cold-start forecast
     "qps_slope": f"deriv(sum(rate(cosyvoice_requests_total{{$selector}}[{RATE_WINDOW}]))[{TREND_WINDOW}:15s])",
     "inflight": "sum(cosyvoice_inflight_requests{$selector})",
+    # open WebSocket speech sessions (each also counts in inflight): targetSessionsPerReplica
+    "sessions": "sum(cosyvoice_stream_sessions_open{$selector})",
     "inflight_growth": f"sum(deriv(cosyvoice_inflight_requests{{$selector}}[{RATE_WINDOW}]))",
     # the same over the burst window: with qps_short, the arrival rate of the last scrapes (a step that
     # saturates the replicas shows here first, as a queue filling up)
@@ -68,7 +70,7 @@ TEMPLATES = {
     "audio_s": f"sum(rate(cosyvoice_audio_seconds_total{{$selector}}[{RATE_WINDOW}])) / "
                f"sum(rate(cosyvoice_requests_total{{$selector,code=\"200\"}}[{RATE_WINDOW}]))",
 }
-OVERRIDE_FIELDS = {"qps": "qps", "inflight": "inflight", "p95_ms": "p95_latency_ms",
+OVERRIDE_FIELDS = {"qps": "qps", "inflight": "inflight", "sessions": "sessions", "p95_ms": "p95_latency_ms",
                    "ttfa_p95_ms": "time_to_first_audio_ms"}
 
 
@@ -188,7 +190,7 @@ def read(query: Query, queries: dict[str, str], lookback_s: float = 0.0, now: fl
                                      "cosyvoice_service and namespace labels? (" + queries["qps"] + ")"), queries)
     values: dict[str, Any] = {"qps": qps, "inflight": inflight}
     for key in ("qps_short", "qps_slope", "inflight_growth", "inflight_growth_short", "p95_ms", "ttfa_p95_ms",
-                "audio_s"):
+                "audio_s", "sessions"):
         try:
             values[key] = _scalar(query(queries[key]))
         except QueryFailed:

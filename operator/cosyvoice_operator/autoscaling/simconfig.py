@@ -8,6 +8,7 @@ from typing import Any
 from ..spec import SCALE_TO_ZERO, Batching
 
 POLICIES = ("policy", "hpa", "hpa-arrival", "keda", "static", "oracle", "reactive-bound")
+EXTRA_POLICIES = ("sessions",)  # on request only (docs/streaming.md): not in the default comparison
 FAMILIES = ("step", "ramp", "periodic", "bursty", "poisson", "outage", "mixed")  # traces.FAMILIES, without numpy
 
 
@@ -63,7 +64,7 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--step", default="60s", help="with --from-prometheus: sample spacing")
     ap.add_argument("--save-trace", metavar="CSV", help="with --from-prometheus: where to write the trace")
     ap.add_argument("--policies", default=",".join(POLICIES),
-                    help=f"comma-separated, from {', '.join(POLICIES)}")
+                    help=f"comma-separated, from {', '.join(POLICIES + EXTRA_POLICIES)}")
     ap.add_argument("--jobs", type=int, default=1, help="processes")
     ap.add_argument("--json", action="store_true", help="print the summary rows and verdicts as JSON")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")

@@ -41,7 +41,7 @@ from . import profile as profiles
 from . import traces
 from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, ReactiveOracle, Static
 from .policy import Metrics, Settings
-from .simconfig import POLICIES, SimConfig, add_arguments
+from .simconfig import EXTRA_POLICIES, POLICIES, SimConfig, add_arguments
 from .traces import Trace
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
@@ -174,6 +174,14 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
     lookback = getattr(scaler, "lookback_s", 0.0)
     window = int(cfg.rate_window_s)
 
+    longest = float(sizes.max()) if len(sizes) else 0.0
+
+    def open_sessions(t: float) -> float:
+        """Streaming sessions open at ``t``, each request standing for a voice agent's session that stays
+        open while its audio plays (real time): Little's law with the audio's length, whatever the load."""
+        lo, hi = bisect.bisect_left(arrivals, t - longest), bisect.bisect_right(arrivals, t)
+        return float(np.count_nonzero(arrivals[lo:hi] + sizes[lo:hi] > t))
+
     def in_outage(t: float) -> bool:
         return any(a <= t < b for a, b in outages)
 
@@ -216,6 +224,7 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
         return Observation(len(live), ready, Metrics(qps=qps, inflight=infl[-1], inflight_growth=growth,
                                                      qps_short=qps_short, qps_slope=slope,
                                                      inflight_growth_short=growth_short, audio_s=audio_s,
+                                                     sessions=open_sessions(last),
                                                      rate_history=history, work_history=work,
                                                      history_step_s=step,
                                                      p95_ms=p95 * 1000 if not math.isnan(p95) else None))
@@ -335,9 +344,21 @@ def make_scaler(name: str, cfg: SimConfig, trace: Trace, prof: profiles.Profile 
         return Oracle(list(need), cfg.min_replicas, cfg.max_replicas)
     if name == "reactive-bound":
         return ReactiveOracle(list(need), cfg.min_replicas, cfg.max_replicas)
+    if name == "sessions":  # the project's policy on open sessions alone (targetSessionsPerReplica)
+        scaler = ProjectPolicy(sessions_settings(cfg, prof))
+        scaler.name = "sessions"
+        return scaler
     if name == "static":
         return Static(min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(float(need.max()) - 1e-9))))
     raise ValueError(f"unknown policy {name!r}")
+
+
+def sessions_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
+    """targetSessionsPerReplica from the measured replica: real-time sessions it carries within the objective
+    (the audio seconds per second it produces at the rate the profile allows, with the sizing margin)."""
+    rate = prof.rate_at_slo(cfg.slo_ms / 1000 * Settings().sizing_latency_ratio, cfg.audio_s)
+    return Settings(min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, cold_start_s=cfg.cold_start_s,
+                    target_sessions_per_replica=rate * cfg.audio_s)
 
 
 def default_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
@@ -472,7 +493,7 @@ def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, pick: dict[str
 
     paths = []
     colors = {"policy": "tab:blue", "hpa": "tab:red", "hpa-arrival": "tab:pink", "keda": "tab:orange",
-              "oracle": "tab:green", "static": "tab:gray", "reactive-bound": "tab:purple"}
+              "oracle": "tab:green", "static": "tab:gray", "reactive-bound": "tab:purple", "sessions": "tab:cyan"}
     for trace, seed in pick.items():
         rs = [r for r in results if r.trace == trace and r.seed == seed]
         if not rs:
@@ -546,7 +567,7 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         work = load_traces(args, cfg)
         policies = args.policies.split(",")
         for p in policies:
-            if p not in POLICIES:
+            if p not in POLICIES + EXTRA_POLICIES:
                 raise ValueError(f"unknown policy {p!r}")
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
