@@ -188,3 +188,26 @@ async def test_api_key_by_header_or_browser_subprotocol_fails_closed(start_serve
     await start(ws)
     await ws.close()
     assert metric(srv.url, "cosyvoice_stream_sessions_total", 'reason="invalid_api_key"') == 3
+
+
+async def test_options_the_stream_cannot_honour_are_refused_with_the_reason(server) -> None:
+    with pytest.raises(StreamError) as err:
+        await connect(server.url, speed=1.5)
+    assert (err.value.code, err.value.param) == ("unsupported_parameter", "session.speed")
+    assert "1.0" in err.value.message
+    with pytest.raises(StreamError) as err:
+        await connect(server.url, instructions="Speak like a pirate.")
+    assert (err.value.code, err.value.param) == ("unsupported_parameter", "session.instructions")
+
+
+async def test_text_that_outgrows_the_session_kv_bound_ends_it_with_advice_to_flush(start_server) -> None:
+    srv = start_server("--stream-max-kv-mib", "0.5")
+    async with await connect(srv.url) as s:
+        with pytest.raises(StreamError) as err:
+            await speak(s, [SENTENCE + " "] * 40)
+    assert (err.value.code, err.value.close_code) == ("segment_too_long", 1008)
+    assert "flush" in err.value.message and "KV cache" in err.value.message
+    assert_server_healthy(srv.url)
+    async with await connect(srv.url) as s:  # flushing at sentence ends keeps each segment within the bound
+        result = await speak(s, [SENTENCE + " "] * 6, flush_on=(".",))
+    assert len(result.segments) == 6

@@ -19,7 +19,6 @@ import json
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 from fastapi import APIRouter, WebSocket
@@ -89,12 +88,6 @@ async def speech_stream(ws: WebSocket) -> None:
     await _Session(ws, s).run()
 
 
-@dataclass
-class _Segment:
-    characters: int
-    text_end_at: float  # when the flush or end that closed it arrived
-
-
 class _SlowConsumer(Exception):
     pass
 
@@ -109,18 +102,18 @@ class _Session:
         self.rules = p.SessionRules()
         self.req: SynthesisRequest | None = None
         self.options: p.SessionOptions | None = None
-        self.outbox: deque[tuple[str | bytes, bool]] = deque()  # (frame, carries audio)
+        # (frame, carries audio, for a segment's done event: when its text ended, for the lag metric)
+        self.outbox: deque[tuple[str | bytes, bool, float | None]] = deque()
         self.buffered = 0  # bytes in the outbox
         self.wake = asyncio.Event()
         self.last_activity = time.monotonic()
         self.first_text_at: float | None = None
         self.first_audio_sent = False
-        self.pending_chars = 0  # text appended since the last flush
-        self.segments: deque[_Segment] = deque()  # flushed or ended, audio not all out yet
-        self.segment_index = 0
+        self.closed_segments = 0  # segments the client's flushes and end closed
+        self.done_segments = 0  # of those, the ones whose audio is all out
         self.total_chars = 0
         self.total_samples = 0
-        self.usage_tokens = [0, 0]  # input, output
+        self.usage_tokens = [0, 0]  # text, speech
         self.pump_done = asyncio.Event()
 
     # The whole session -----------------------------------------------------------------------------
@@ -216,19 +209,25 @@ class _Session:
             names = sorted([*s.pipeline.voices, *s.voice_aliases])
             raise p.ProtocolError("invalid_voice", f"Unknown voice '{o.voice_id}'; available: {', '.join(names)}.",
                                   param="session.voice", event_id=eid)
-        if o.instructions:
-            raise p.ProtocolError("unsupported_parameter", "This model does not take 'instructions' (CosyVoice2 "
-                                  "instruct voices are not loaded).", param="session.instructions", event_id=eid)
+        if o.speed != 1.0:
+            raise p.ProtocolError("unsupported_parameter", "speed is not available with streamed text: it stretches "
+                                  "a whole segment once it is complete (as upstream CosyVoice2 applies it), which "
+                                  "would hold back all audio until each flush. Leave it at 1.0.",
+                                  param="session.speed", event_id=eid)
         try:
             rate = o.check_rate(s.pipeline.sample_rate)
         except p.ProtocolError as exc:
             exc.event_id = eid
             raise
-        req = s.new_bistream_request(s.pipeline.voices[voice], o.seed, speed=o.speed)
+        try:
+            req = s.new_bistream_request(voice, o.seed, o.instructions)
+        except ValueError as exc:  # what the engine cannot do with these options (e.g. instructions)
+            raise p.ProtocolError("unsupported_parameter", _sentence(str(exc)),
+                                  param="session.instructions" if o.instructions else "session", event_id=eid) from None
         try:
             s.scheduler.submit(req)
         except Overloaded as exc:
-            raise p.ProtocolError("server_overloaded", str(exc).capitalize() + ".", type="rate_limit_error",
+            raise p.ProtocolError("server_overloaded", _sentence(str(exc)), type="rate_limit_error",
                                   close_code=p.TRY_AGAIN_LATER, event_id=eid) from None
         self.req, self.options = req, o
         self.rate = rate
@@ -238,7 +237,7 @@ class _Session:
         await self.ws.send_text(json.dumps({
             "type": "session.created", "event_id": eid,
             "session": {"id": self.id, "model": s.model_id, "voice": voice, "response_format": o.response_format,
-                        "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed, "speed": o.speed},
+                        "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed},
             "limits": {"max_message_bytes": self.settings.max_body_bytes,
                        "idle_timeout_s": self.settings.stream_idle_timeout_s,
                        "send_buffer_bytes": self.settings.stream_send_buffer_bytes},
@@ -265,7 +264,7 @@ class _Session:
 
     def _idle_timeout(self) -> float | None:
         """Seconds the receiver may wait now; None when the server, not the client, is the one working."""
-        if self.rules.ended or self.segments:
+        if self.rules.ended or self.closed_segments > self.done_segments:
             return None  # waiting for audio: flushed text or the end of input is being synthesized
         return max(0.0, self.last_activity + self.settings.stream_idle_timeout_s - time.monotonic())
 
@@ -281,30 +280,24 @@ class _Session:
                 self._feed(event)
 
     def _feed(self, event: p.ClientEvent) -> None:
-        req, now = self.req, time.monotonic()
+        feed = self.req.feed
         if isinstance(event, p.Append):
             if not event.text:
                 return
             if self.first_text_at is None:
-                self.first_text_at = now
-            self.pending_chars += len(event.text)
+                self.first_text_at = time.monotonic()
             self.total_chars += len(event.text)
             self.m.stream_characters.inc(len(event.text))
-            req.feed.push(event.text)
-        elif isinstance(event, p.Flush):
-            if self.pending_chars:  # a flush with nothing new makes no segment
-                self.segments.append(_Segment(self.pending_chars, now))
-                self.pending_chars = 0
-                req.feed.flush()
-        elif isinstance(event, p.End):
-            if self.pending_chars:
-                self.segments.append(_Segment(self.pending_chars, now))
-                self.pending_chars = 0
-            req.feed.end()
+            feed.push(event.text)
+            return
+        feed.flush() if isinstance(event, p.Flush) else feed.end()
+        # a flush with no speakable text since the last one makes no segment
+        if feed.info(self.closed_segments).closed_at is not None:
+            self.closed_segments += 1
 
     # Producing -----------------------------------------------------------------------------------------
-    def _queue(self, frame: str | bytes, audio: bool = False) -> None:
-        self.outbox.append((frame, audio))
+    def _queue(self, frame: str | bytes, audio: bool = False, text_end_at: float | None = None) -> None:
+        self.outbox.append((frame, audio, text_end_at))
         self.buffered += len(frame)
         self.m.stream_send_buffer.inc(len(frame))
         self.wake.set()
@@ -320,7 +313,7 @@ class _Session:
         if not data:
             return
         if self.options.stream_format == "json":
-            self._queue(json.dumps({"type": "speech.audio.delta", "segment": self.segment_index,
+            self._queue(json.dumps({"type": "speech.audio.delta", "segment": self.done_segments,
                                     "audio": base64.b64encode(data).decode()}), audio=True)
         else:
             self._queue(data, audio=True)
@@ -340,37 +333,28 @@ class _Session:
         return await asyncio.to_thread(work)
 
     async def _pump(self) -> None:
-        req, sr = self.req, self.s.pipeline.sample_rate
+        # The scheduler ends every session with Done, its own deadline (text must become audio within
+        # the request timeout of arriving) and KV bound included.
         while True:
-            remaining = req.deadline - time.monotonic()
-            try:
-                item = await asyncio.wait_for(req.out.get(), max(0.0, remaining))
-            except TimeoutError:
-                raise _Ended("timeout", Outcome.TIMEOUT, p.ProtocolError(
-                    "timeout", f"The session did not finish within the request timeout of "
-                    f"{self.settings.request_timeout_s:g} s.", type="server_error", close_code=p.INTERNAL_ERROR)) from None
+            item = await self.req.out.get()
             if isinstance(item, np.ndarray):
                 self.total_samples += len(item)
                 self.last_activity = time.monotonic()
                 self._queue_audio(await self._encode(item))
             elif isinstance(item, SegmentDone):
-                self._segment_done(item, sr)
+                self._segment_done(item)
             elif isinstance(item, Done):
                 await self._finish(item)
                 return
 
-    def _segment_done(self, item: SegmentDone, sr: int) -> None:
-        seg = self.segments.popleft() if self.segments else _Segment(0, time.monotonic())
-        self.m.stream_audio_lag.observe(time.monotonic() - seg.text_end_at)
-        tokens = _tokens(item)
-        if tokens is not None:
-            self.usage_tokens[0] += tokens[0]
-            self.usage_tokens[1] += tokens[1]
-        samples = getattr(item, "samples", None)
-        audio_s = samples / sr if samples is not None else 0.0
-        self._queue_event({"type": "speech.segment.done", "segment": self.segment_index,
-                           "usage": p.usage(seg.characters, audio_s, *(tokens or (None, None)))})
-        self.segment_index += 1
+    def _segment_done(self, item: SegmentDone) -> None:
+        self.usage_tokens[0] += item.text_tokens
+        self.usage_tokens[1] += item.speech_tokens
+        chars = self.req.feed.info(item.segment).chars
+        self._queue(json.dumps({"type": "speech.segment.done", "segment": item.segment,
+                                "usage": p.usage(chars, item.audio_seconds, item.text_tokens, item.speech_tokens)}),
+                    text_end_at=item.closed_at)
+        self.done_segments = item.segment + 1
         self.last_activity = time.monotonic()
 
     async def _finish(self, item: Done) -> None:
@@ -385,6 +369,12 @@ class _Session:
             raise _Ended("shutting_down", item.outcome, p.ProtocolError(
                 "shutting_down", f"The server shut down before the session finished: {item.message}. Reconnect to "
                 "another replica.", type="server_error", close_code=p.GOING_AWAY))
+        if item.outcome == Outcome.LIMIT:
+            raise _Ended("segment_too_long", item.outcome, p.ProtocolError(
+                "segment_too_long", _sentence(item.message), param="type"))
+        if item.outcome == Outcome.TIMEOUT:
+            raise _Ended("timeout", item.outcome, p.ProtocolError(
+                "timeout", _sentence(item.message), type="server_error", close_code=p.INTERNAL_ERROR))
         raise _Ended("internal_error", item.outcome, p.ProtocolError(
             "internal_error", f"Synthesis failed: {item.message or item.outcome.value}.", type="server_error",
             close_code=p.INTERNAL_ERROR))
@@ -397,7 +387,7 @@ class _Session:
                     return  # everything, speech.audio.done included, is out
                 self.wake.clear()
                 await self.wake.wait()
-            frame, audio = self.outbox[0]
+            frame, audio, text_end_at = self.outbox[0]
             if isinstance(frame, bytes):
                 await self.ws.send_bytes(frame)
             else:
@@ -405,6 +395,8 @@ class _Session:
             self.outbox.popleft()
             self.buffered -= len(frame)
             self.m.stream_send_buffer.dec(len(frame))
+            if text_end_at is not None:
+                self.m.stream_audio_lag.observe(time.monotonic() - text_end_at)
             if audio and not self.first_audio_sent:
                 self.first_audio_sent = True
                 if self.first_text_at is not None:
@@ -442,13 +434,6 @@ class _Ended(Exception):
         self.error = error
 
 
-def _tokens(item: SegmentDone) -> tuple[int, int] | None:
-    """(text tokens, speech tokens) of a segment, when the engine reports them."""
-    usage = getattr(item, "usage", None)
-    if usage is None:
-        return None
-    if isinstance(usage, dict):
-        i, o = usage.get("input_tokens"), usage.get("output_tokens")
-    else:
-        i, o = getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
-    return (int(i), int(o)) if i is not None and o is not None else None
+def _sentence(message: str) -> str:
+    """An engine message as a sentence of an error event."""
+    return message[:1].upper() + message[1:].rstrip(".") + "."
