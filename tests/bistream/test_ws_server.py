@@ -140,3 +140,22 @@ async def _audio_until_done(s):
                 yield e
     except StreamError as exc:  # pragma: no cover - a failure shows its error event
         raise AssertionError(json.dumps(exc.__dict__, default=str)) from exc
+
+
+def test_the_voice_agent_example_runs_and_writes_a_playable_wav(server, tmp_path) -> None:
+    import subprocess
+    import sys
+    import wave
+    from pathlib import Path
+
+    out = tmp_path / "reply.wav"
+    example = Path(__file__).resolve().parents[2] / "examples" / "voice_agent_stream.py"
+    r = subprocess.run([sys.executable, str(example), "--url", server.url, "--out", str(out), "--no-play",
+                        "--tokens-per-s", "40", "--seed", "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    first = next(i for i, x in enumerate(lines) if "first audio" in x)
+    finished = next(i for i, x in enumerate(lines) if "LLM finished" in x)
+    assert first < finished, r.stdout  # it spoke before the reply was complete
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 24000 and w.getnframes() > 24000
