@@ -120,4 +120,42 @@ def voices_table(res: dict) -> str:
               "| target | this run | met? |", "|---|---|---|",
               f"| streams' TTFA while registering ≤ {MAX_TTFA_RATIO_WHILE_REGISTERING:g} × idle | p50 {p50:.2f} ×, "
               f"p95 {p95:.2f} × | {'yes' if ok else '**no**'} |"]
+
+
+# The streamed-text benchmark (bench/bistream.py): its done-when, held against its latest run.
+BISTREAM_SESSIONS, BISTREAM_RATE = 32, 25.0  # sessions, LLM tokens/s: the first conversation plays without underrun
+
+
+def bistream_section(res: dict) -> str:
+    """docs/benchmarks.md's streamed-text section from bench/bistream.py's bistream.json."""
+    lines = [f"Run on {res['date']} on {res['machine']}; device `{res['device']}`, max batch size "
+             f"{res['max_batch_size']}, {res['rate']:g} LLM tokens/s ({res['tokens']} tokens), turns started for "
+             f"{res['duration_s']:g} s per point, {res['pause_s']:g} s of user speech between turns, "
+             f"{res['device_buffer_ms']:g} ms device buffer, reply \"{res['text']}\":", "",
+             f"```sh\n{res['command']}\n```", "",
+             "| conversations | path | turns (errors) | text-to-first-audio p50 / p95 ms | turns with an underrun "
+             "| underruns, seconds stalled | first conversation: TTFA ms, underruns |",
+             "|---|---|---|---|---|---|---|"]
+    for n, modes in res["points"].items():
+        for mode, label in (("stream", "WebSocket, streamed text"), ("http", "HTTP, whole text")):
+            s = modes[mode]
+            ok = s["turns"] - s["errors"]
+            first = s["first_turn"] or {}
+            lines.append(f"| {n} | {label} | {s['turns']} ({s['errors']}) | {s['ttfa_p50_ms']} / {s['ttfa_p95_ms']} "
+                         f"| {s['turns_with_underrun']} of {ok} | {s['underruns']}, {s['stalled_s']:g} s "
+                         f"| {first.get('ttfa_ms')}, {first.get('underruns')} |")
+    lines += ["", "| target | this run | met? |", "|---|---|---|"]
+    point = res["points"].get(str(BISTREAM_SESSIONS), {}).get("stream")
+    if point and res["rate"] == BISTREAM_RATE:
+        first = point["first_turn"] or {}
+        ok = first.get("error") is None and first.get("underruns") == 0
+        lines.append(f"| {BISTREAM_SESSIONS} concurrent sessions at {BISTREAM_RATE:g} tokens/s: the first conversation "
+                     f"plays without an underrun | TTFA {first.get('ttfa_ms')} ms, {first.get('underruns')} underruns "
+                     f"| {'yes' if ok else '**no**'} |")
+        every = point["turns_with_underrun"] == 0 and point["errors"] == 0
+        lines.append(f"| … and so does every turn of every conversation | {point['turns_with_underrun']} of "
+                     f"{point['turns'] - point['errors']} turns with an underrun, {point['errors']} errors "
+                     f"| {'yes' if every else '**no**'} |")
+    else:
+        lines.append(f"| {BISTREAM_SESSIONS} sessions at {BISTREAM_RATE:g} tokens/s | not measured in this run | **no** |")
     return "\n".join(lines) + "\n"
