@@ -53,7 +53,8 @@ async def test_flushes_make_segments_each_with_its_usage_then_done_and_a_normal_
     assert kinds == ["speech.segment.done", "speech.segment.done", "speech.audio.done"]
     seg = [e["usage"] for e in events[:2]]
     assert [e["segment"] for e in events[:2]] == [0, 1]
-    assert [u["input_characters"] for u in seg] == [len(first), len(second)]
+    assert [u["input_characters"] for u in seg] == [len(first), len(second.strip())]  # the text as spoken
+    assert [e["auto"] for e in events[:2]] == [False, False]  # both ended by the client
     total = events[-1]["usage"]
     assert total["input_characters"] == len(first + second)
     assert total["audio_seconds"] == pytest.approx(sum(u["audio_seconds"] for u in seg), abs=0.01)

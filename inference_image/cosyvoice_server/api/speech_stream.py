@@ -109,8 +109,7 @@ class _Session:
         self.last_activity = time.monotonic()
         self.first_text_at: float | None = None
         self.first_audio_sent = False
-        self.closed_segments = 0  # segments the client's flushes and end closed
-        self.done_segments = 0  # of those, the ones whose audio is all out
+        self.done_segments = 0  # segments whose audio is all out
         self.total_chars = 0
         self.total_samples = 0
         self.usage_tokens = [0, 0]  # text, speech
@@ -264,7 +263,7 @@ class _Session:
 
     def _idle_timeout(self) -> float | None:
         """Seconds the receiver may wait now; None when the server, not the client, is the one working."""
-        if self.rules.ended or self.closed_segments > self.done_segments:
+        if self.rules.ended or self.req.feed.closed_segments > self.done_segments:
             return None  # waiting for audio: flushed text or the end of input is being synthesized
         return max(0.0, self.last_activity + self.settings.stream_idle_timeout_s - time.monotonic())
 
@@ -291,9 +290,6 @@ class _Session:
             feed.push(event.text)
             return
         feed.flush() if isinstance(event, p.Flush) else feed.end()
-        # a flush with no speakable text since the last one makes no segment
-        if feed.info(self.closed_segments).closed_at is not None:
-            self.closed_segments += 1
 
     # Producing -----------------------------------------------------------------------------------------
     def _queue(self, frame: str | bytes, audio: bool = False, text_end_at: float | None = None) -> None:
@@ -351,7 +347,7 @@ class _Session:
         self.usage_tokens[0] += item.text_tokens
         self.usage_tokens[1] += item.speech_tokens
         chars = self.req.feed.info(item.segment).chars
-        self._queue(json.dumps({"type": "speech.segment.done", "segment": item.segment,
+        self._queue(json.dumps({"type": "speech.segment.done", "segment": item.segment, "auto": item.auto,
                                 "usage": p.usage(chars, item.audio_seconds, item.text_tokens, item.speech_tokens)}),
                     text_end_at=item.closed_at)
         self.done_segments = item.segment + 1
