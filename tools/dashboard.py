@@ -52,6 +52,17 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
        f"sum by ({BY}) (rate(cosyvoice_stage_compute_seconds_sum{{{SEL}}}[{RATE}])) / "
        f"sum by ({BY}) (rate(cosyvoice_audio_seconds_total{{{SEL}}}[{RATE}]))")],
      "Batch compute time of all stages per second of audio produced (< 1 keeps up with playback)."),
+    ("Speech sessions (WebSocket)", "short",
+     [("{{cosyvoice_service}} open", f"sum by ({BY}) (cosyvoice_stream_sessions_open{{{SEL}}})"),
+      ("{{cosyvoice_service}} waiting for text", f"sum by ({BY}) (cosyvoice_stream_parked_sessions{{{SEL}}})"),
+      ("{{cosyvoice_service}} ended {{reason}} /s",
+       f"sum by ({BY}, reason) (rate(cosyvoice_stream_sessions_total{{{SEL}}}[{RATE}]))")],
+     "Open sessions (targetSessionsPerReplica scales on them), those parked waiting for text, and why sessions end."),
+    ("Streamed text: first audio and lag", "s",
+     [(f"text → first audio p{int(q * 100)} {{{{cosyvoice_service}}}}",
+       _quantile(q, "cosyvoice_stream_text_to_first_audio_seconds")) for q in (0.5, 0.95)]
+     + [("flush → last audio p95 {{cosyvoice_service}}", _quantile(0.95, "cosyvoice_stream_audio_lag_seconds"))],
+     "A session's first text to its first audio, and how far a segment's audio trails its last text."),
     ("Replicas: desired vs ready", "short",
      [("{{deployment}} desired",
        'sum by (namespace, deployment) (kube_deployment_spec_replicas{namespace=~"$namespace", deployment=~"$service"})'),
