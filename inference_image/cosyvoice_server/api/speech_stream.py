@@ -14,10 +14,10 @@ import asyncio
 import base64
 import binascii
 import hmac
-import itertools
 import json
 import logging
 import time
+import uuid
 from collections import deque
 
 import numpy as np
@@ -39,7 +39,6 @@ SUBPROTOCOL = "cosyvoice.speech.v1"
 KEY_SUBPROTOCOL_PREFIX = "cosyvoice.key."  # + the API key, base64url without padding (browsers cannot set headers)
 FINAL_SEND_TIMEOUT_S = 2.0
 IDLE_POLL_S = 0.5  # the error event and close frame to a client that may not be reading
-_session_ids = itertools.count(1)
 
 router = APIRouter()
 
@@ -98,7 +97,7 @@ class _Session:
         self.s = state
         self.m = state.metrics
         self.settings = state.settings
-        self.id = f"sess_{next(_session_ids)}"
+        self.id = f"sess_{uuid.uuid4().hex[:20]}"
         self.rules = p.SessionRules()
         self.req: SynthesisRequest | None = None
         self.options: p.SessionOptions | None = None
