@@ -235,7 +235,8 @@ class _Session:
         await self.ws.send_text(json.dumps({
             "type": "session.created", "event_id": eid,
             "session": {"id": self.id, "model": s.model_id, "voice": voice, "response_format": o.response_format,
-                        "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed},
+                        "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed,
+                        "instructions": o.instructions},
             "limits": {"max_message_bytes": self.settings.max_body_bytes,
                        "idle_timeout_s": self.settings.stream_idle_timeout_s,
                        "send_buffer_bytes": self.settings.stream_send_buffer_bytes},
