@@ -120,6 +120,7 @@ def voices_table(res: dict) -> str:
               "| target | this run | met? |", "|---|---|---|",
               f"| streams' TTFA while registering ≤ {MAX_TTFA_RATIO_WHILE_REGISTERING:g} × idle | p50 {p50:.2f} ×, "
               f"p95 {p95:.2f} × | {'yes' if ok else '**no**'} |"]
+    return "\n".join(lines) + "\n"
 
 
 # The streamed-text benchmark (bench/bistream.py): its done-when, held against its latest run.
