@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio import FORMATS, StreamEncoder, StreamResampler
+from ..model.manifest import ModelLoadError
 from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
@@ -202,11 +203,17 @@ class _Session:
         if o.model is not None and o.model not in (s.model_id, *OPENAI_MODEL_ALIASES):
             raise p.ProtocolError("model_not_found", f"The model '{o.model}' does not exist; this server serves "
                                   f"'{s.model_id}'.", param="session.model", event_id=eid)
-        voice = s.voice(o.voice_id)
+        try:  # bundled, an alias, or registered on any replica, as the HTTP API resolves it
+            voice = await s.find_voice(o.voice_id)
+        except ModelLoadError as exc:
+            raise p.ProtocolError("voice_unreadable", f"The registered voice '{o.voice_id}' cannot be read from the "
+                                  f"voice store ({exc}); delete and register it again.", type="server_error",
+                                  close_code=p.INTERNAL_ERROR, event_id=eid) from None
         if voice is None:
             names = sorted([*s.pipeline.voices, *s.voice_aliases])
-            raise p.ProtocolError("invalid_voice", f"Unknown voice '{o.voice_id}'; available: {', '.join(names)}.",
-                                  param="session.voice", event_id=eid)
+            registered = " or a registered voice (GET /v1/audio/voices)" if s.voice_store is not None else ""
+            raise p.ProtocolError("invalid_voice", f"Unknown voice '{o.voice_id}'; available: {', '.join(names)}"
+                                  f"{registered}.", param="session.voice", event_id=eid)
         if o.speed != 1.0:
             raise p.ProtocolError("unsupported_parameter", "speed is not available with streamed text: it stretches "
                                   "a whole segment once it is complete (as upstream CosyVoice2 applies it), which "
@@ -234,7 +241,7 @@ class _Session:
         self.header = self.encoder.header()
         await self.ws.send_text(json.dumps({
             "type": "session.created", "event_id": eid,
-            "session": {"id": self.id, "model": s.model_id, "voice": voice, "response_format": o.response_format,
+            "session": {"id": self.id, "model": s.model_id, "voice": voice.name, "response_format": o.response_format,
                         "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed,
                         "instructions": o.instructions},
             "limits": {"max_message_bytes": self.settings.max_body_bytes,
