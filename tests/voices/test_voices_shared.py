@@ -108,3 +108,18 @@ def test_registration_settings_that_would_fail_open_stop_the_server(tmp_path, ar
            *[a.replace("{tmp}", str(tmp_path)) for a in args]]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", **env})
     assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+async def test_a_voice_registered_on_one_replica_speaks_streamed_text_on_the_other(replica_a, replica_b):
+    from cosyvoice_server.client import connect, speak as speak_ws
+
+    r = register(replica_a.url, "agent", wav(4.0, 24000), transcript="I answer as I am written.")
+    assert r.status_code == 201, r.text
+    pcm = {}
+    for voice in ("agent", "default"):
+        async with await connect(replica_b.url, api_key=API_KEY, voice=voice, response_format="pcm", seed=4) as s:
+            assert s.session["voice"] == voice
+            result = await speak_ws(s, ["Streamed text, ", "a cloned voice."])
+        assert result.usage["audio_seconds"] > 0.3
+        pcm[voice] = result.audio
+    assert pcm["agent"] != pcm["default"]  # the session really used the registered voice
