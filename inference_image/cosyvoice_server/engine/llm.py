@@ -145,17 +145,9 @@ class LLMEngine:
 
     def prefill(self, seqs: list[Sequence]) -> Batch:
         """Runs the new sequences' prompts as one left-padded batch and samples their first tokens."""
-        s = max(len(q.prompt) for q in seqs)
-        h = seqs[0].prompt.shape[1]
-        embeds = np.zeros((len(seqs), s, h), np.float32)
-        mask = np.zeros((len(seqs), s), np.int64)
-        pos = np.zeros((len(seqs), s), np.int64)
-        for i, q in enumerate(seqs):
-            n = len(q.prompt)
-            embeds[i, s - n :] = q.prompt
-            mask[i, s - n :] = 1
-            pos[i, s - n :] = np.arange(n)
-            q.pos = n
+        for q in seqs:
+            q.pos = 0
+        embeds, mask, pos = _left_padded(seqs)
         logits, kv = self._run(embeds, mask, pos, None)
         self._sample(seqs, logits)
         return Batch(list(seqs), kv, mask)
@@ -168,17 +160,7 @@ class LLMEngine:
             part = Batch([q], q.kv, q.kv_mask[None])
             parts = self.merge(parts, part)
             q.kv = q.kv_mask = None
-        s = max(len(q.prompt) for q in seqs)
-        h = seqs[0].prompt.shape[1]
-        embeds = np.zeros((len(seqs), s, h), np.float32)
-        block_mask = np.zeros((len(seqs), s), np.int64)
-        pos = np.zeros((len(seqs), s), np.int64)
-        for i, q in enumerate(seqs):
-            n = len(q.prompt)
-            embeds[i, s - n :] = q.prompt
-            block_mask[i, s - n :] = 1
-            pos[i, s - n :] = q.pos + np.arange(n)
-            q.pos += n
+        embeds, block_mask, pos = _left_padded(seqs)
         mask = np.concatenate([parts.mask, block_mask], axis=1)
         logits, kv = self._run(embeds, mask, pos, parts.kv)
         self._sample(seqs, logits)
@@ -224,3 +206,19 @@ class LLMEngine:
         kv = self.ops.kv_merge(a.kv, p - pa, b.kv, p - pb)
         mask = np.concatenate([np.pad(a.mask, ((0, 0), (p - pa, 0))), np.pad(b.mask, ((0, 0), (p - pb, 0)))])
         return Batch(a.seqs + b.seqs, kv, mask)
+
+
+def _left_padded(seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sequences' input blocks as one left-padded batch: embeddings, mask and positions (each block
+    continues from its sequence's position, which it then advances)."""
+    s = max(len(q.prompt) for q in seqs)
+    embeds = np.zeros((len(seqs), s, seqs[0].prompt.shape[1]), np.float32)
+    mask = np.zeros((len(seqs), s), np.int64)
+    pos = np.zeros((len(seqs), s), np.int64)
+    for i, q in enumerate(seqs):
+        n = len(q.prompt)
+        embeds[i, s - n :] = q.prompt
+        mask[i, s - n :] = 1
+        pos[i, s - n :] = q.pos + np.arange(n)
+        q.pos += n
+    return embeds, mask, pos
