@@ -294,3 +294,24 @@ def test_capacity_profile_sizes_for_the_objective_and_the_request_length() -> No
         raw = {k: v for k, v in raw.items() if v is not None}
         with pytest.raises(InvalidSpec, match=why):
             parse_spec({"autoscaling": raw})
+
+
+def test_a_forecast_rise_is_not_held_inside_the_tolerance_band() -> None:
+    """A slow recurring climb (an hour-long sawtooth, 8 → 28 req/s): 50 minutes into the climb the load
+    needs 6.17 replicas at 4 req/s each and the pattern 6.58 within the horizon — both inside the ±10 %
+    band around the 6 running, where noise is held. The pattern says the load keeps rising, so the count
+    goes up now rather than trailing the climb by a replica. The same reading without a pattern is noise
+    and is held."""
+    period, step = 3600, 60.0
+    climb = [8.0 + 20.0 * (t % period) / period for t in range(0, 3 * period, 60)]
+    now = tuple(climb[:2 * 60 + 51])
+    rate = now[-1]
+    assert 6.0 < rate / 4 < 6.2
+    d = decide(0.0, m(rate, rate_history=now, history_step_s=step), current=6, ready=6,
+               policy=NO_LIMITS, history=History())
+    assert (d.desired, d.reason) == (7, "ScaleUp") and "recurring every 60 min" in d.message
+    flat = tuple(rate + (0.5 if i % 2 else -0.5) for i in range(len(now)))
+    d = decide(0.0, m(rate, rate_history=flat, history_step_s=step), current=6, ready=6, policy=NO_LIMITS,
+               history=History())
+    assert (d.desired, d.reason) == (6, "WithinTolerance")
+

@@ -32,7 +32,10 @@ How a decision is made (``decide``):
    both, the lower). The count
    depends on demand only, not on how many replicas exist, so **warming pods count as capacity**.
    ``targetInflightPerReplica`` and ``targetSessionsPerReplica`` (open speech sessions) add counts; the larger wins.
-4. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1).
+4. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1),
+   except upward while the recurring pattern climbs all through the lead time and the load now already
+   needs more than the replicas running: the band is for noise; on a slow climb it would keep the count
+   a replica short all along.
 5. **p95 guardrail with hysteresis**: p95 (or time to first audio) above ``target × (1 + tolerance)``
    for a whole rate window with no pod warming and no backlog draining adds ``latencyGuardStepPercent``
    of the replicas (at least 1); a p95 above the target forbids scaling down, and one above
@@ -380,11 +383,12 @@ def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None, clump: f
 
 
 def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season_s: float | None,
-                  current: int, ready: int) -> tuple[float | None, str, float | None, tuple[float, ...]]:
-    """Replicas the demand needs (a float), which signal set it, the demand (req/s), and the seasonal
-    forecast (replicas per step, kept for an outage)."""
+                  current: int, ready: int) -> tuple[float | None, str, float | None, tuple[float, ...], bool]:
+    """Replicas the demand needs (a float), which signal set it, the demand (req/s), the seasonal
+    forecast (replicas per step, kept for an outage), and whether the count trails a recurring climb
+    (the load now needs more than the replicas running and the pattern rises all through the lead time)."""
     best: float | None = None
-    which, demand, predicted = "", None, ()
+    which, demand, predicted, rising = "", None, (), False
     length = m.audio_s or h.last_audio_s
     per_replica, source = s.per_replica_rate(length)
     if per_replica and m.arrival_qps is not None:
@@ -397,8 +401,13 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
         predicted = _seasonal_replicas(m, s, season_s, clump)
         # the horizon already counts the rate window by which the history's 1-minute rate shows a change late
         steps = max(1, math.ceil(s.horizon_s / m.history_step_s))
-        peak = max(predicted[:steps], default=0.0)
-        if peak > best * (1 + s.tolerance):
+        ahead = predicted[:steps]
+        peak = max(ahead, default=0.0)
+        # The load now already needs more than the replicas running, and the pattern climbs all through the
+        # lead time (not a plateau whose samples differ by noise): the count trails a climb
+        climbing = len(ahead) > 1 and ahead[-1] > ahead[0] and all(b >= a for a, b in zip(ahead, ahead[1:]))
+        rising = climbing and best > current
+        if peak > best * (1 + s.tolerance) or (rising and peak > best):
             best, which = peak, (f"the load recurring every {season_s / 60:.0f} min (needs {peak:.2f} replicas "
                                  f"within {s.horizon_s:.0f} s; now {m.arrival_qps:.1f} req/s)")
         # Saturated: every replica is ready, its batch full and a queue grows. What they serve is their
@@ -421,7 +430,7 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
         value = m.sessions / s.target_sessions_per_replica
         if best is None or value > best:
             best, which = value, "sessions"
-    return best, which, demand, predicted
+    return best, which, demand, predicted, rising
 
 
 def _outage_replicas(now: float, s: Settings, h: History) -> tuple[float | None, str]:
@@ -502,7 +511,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     after_burst = history.burst_at is not None and now - history.burst_at < TREND_WINDOW_S
     season_s, season_checked = (history.season_s, history.season_checked) if metrics.error else \
         _season(now, metrics, s, history)
-    needed, signal, demand, predicted = (None, "", None, ()) if metrics.error else \
+    needed, signal, demand, predicted, rising = (None, "", None, (), False) if metrics.error else \
         _proportional(metrics, s, history, after_burst, season_s, current, ready)
     burst_at = now if signal.startswith("qps (burst") else history.burst_at
 
@@ -538,7 +547,9 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     if current == 0 and needed > 0:
         rec, reason = max(1, raw), "ScaleUp"
         message = f"{signal} needs {needed:.2f} replicas"
-    elif current > 0 and abs(needed / current - 1.0) > s.tolerance:
+    elif current > 0 and (abs(needed / current - 1.0) > s.tolerance or (rising and raw > current)):
+        # The band keeps noise from moving the count; a forecast of a rise is not noise: inside the band
+        # the count would trail a slow climb by a replica for as long as the climb lasts.
         rec = raw
         reason = "ScaleUp" if rec > current else "ScaleDown" if rec < current else reason
         message = f"{signal} needs {needed:.2f} replicas"
