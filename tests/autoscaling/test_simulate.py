@@ -12,8 +12,8 @@ import pytest
 from cosyvoice_operator.autoscaling import traces
 from cosyvoice_operator.autoscaling.baselines import HPA, KEDA, Observation, ProjectPolicy
 from cosyvoice_operator.autoscaling.policy import Metrics
-from cosyvoice_operator.autoscaling.simulate import (SimConfig, Trace, generated, load_profile, make_scaler,
-                                                     needed_replicas, simulate)
+from cosyvoice_operator.autoscaling.simulate import (RunResult, SimConfig, Trace, generated, load_profile, make_scaler,
+                                                     needed_replicas, pool_bound, simulate)
 from cosyvoice_operator.cli import main
 from cosyvoice_operator.spec import Batching
 
@@ -208,3 +208,31 @@ def test_a_run_longer_than_the_forecast_lookback_sees_only_the_lookback() -> Non
 
     simulate(flat(10.0, 1200), Spy(settings), CFG, 0, PROFILE)
     assert len(seen[-1]) == 11 and 8 < np.mean(seen[-1]) < 12  # one sample a minute over 600 s, ~10 req/s
+
+
+def _run(policy: str, seed: int, gpu: float, viol: int) -> RunResult:
+    return RunResult(policy, "bursty", seed, 1000, 0.9, 1 - viol / 60, viol, gpu, 0.0, 0.0, 0, None)
+
+
+def test_the_pool_bound_time_shares_the_cheapest_pools_for_each_clause() -> None:
+    """Two traces, HPA at 3 GPU-h and 12 violating minutes on each. Pools of 3, 4 and 5 replicas; the 4 on
+    the first trace is dominated by sharing 3 and 5 (under the segment), so half HPA's minutes (12 of 24)
+    are bought on the cheaper trace's hull first."""
+    runs = [_run("hpa", 0, 3.0, 12), _run("hpa", 1, 3.0, 12),
+            _run("static", 0, 3.0, 30), _run("static+1", 0, 4.0, 28), _run("static+2", 0, 5.0, 2),
+            _run("static", 1, 3.0, 20), _run("static+1", 1, 4.0, 4), _run("static+2", 1, 5.0, 3)]
+    (b,) = pool_bound(runs)
+    # from 50 minutes at 6 GPU-h: trace 1's 3 → 4 buys 16 minutes for 1 GPU-h (34 left), then trace 0's
+    # 3 → 5 at 28 minutes per 2 GPU-h: 22 more minutes for 22/14 GPU-h → 7 + 22/14 = 8.571 GPU-h of 6
+    assert b["pool_gpu_vs_hpa_at_half_hpa_violations"] == round((7 + 22 / 14) / 6, 3)
+    # at 80 % of HPA's GPU-hours (4.8) even the cheapest pools (6 GPU-h) are out of budget
+    assert b["pool_violating_minutes_at_0.8_hpa_gpu"] is None
+    assert b["hpa_violating_minutes"] == 12.0
+
+
+def test_fixed_pools_around_the_peak_sized_one(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = flat(PROFILE.rate_at_slo(2.0, 12.0) * 2.5, 60)
+    sizes = [make_scaler(name, CFG, trace, PROFILE).replicas for name in ("static-1", "static", "static+2")]
+    assert sizes == [2, 3, 5]
+    assert main(["simulate", "--traces", "poisson", "--policies", "static+x"]) == 2
+    assert "unknown policy 'static+x'" in capsys.readouterr().err

@@ -64,7 +64,8 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--step", default="60s", help="with --from-prometheus: sample spacing")
     ap.add_argument("--save-trace", metavar="CSV", help="with --from-prometheus: where to write the trace")
     ap.add_argument("--policies", default=",".join(POLICIES),
-                    help=f"comma-separated, from {', '.join(POLICIES + EXTRA_POLICIES)}")
+                    help=f"comma-separated, from {', '.join(POLICIES + EXTRA_POLICIES)}; static+K (static-K): "
+                         "a fixed pool K replicas above (below) the one sized for the peak")
     ap.add_argument("--jobs", type=int, default=1, help="processes")
     ap.add_argument("--json", action="store_true", help="print the summary rows and verdicts as JSON")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")

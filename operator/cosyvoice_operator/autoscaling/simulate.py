@@ -348,9 +348,21 @@ def make_scaler(name: str, cfg: SimConfig, trace: Trace, prof: profiles.Profile 
         scaler = ProjectPolicy(sessions_settings(cfg, prof))
         scaler.name = "sessions"
         return scaler
-    if name == "static":
-        return Static(min(cfg.max_replicas, max(cfg.min_replicas, math.ceil(float(need.max()) - 1e-9))))
+    if name == "static" or _pool_offset(name) is not None:
+        # static+K: K replicas more (static-K: fewer) than the pool sized for the peak, for the pool sweep
+        peak = math.ceil(float(need.max()) - 1e-9) + (_pool_offset(name) or 0)
+        return Static(min(cfg.max_replicas, max(cfg.min_replicas, peak)), name=name)
     raise ValueError(f"unknown policy {name!r}")
+
+
+def _pool_offset(name: str) -> int | None:
+    """K of ``static+K`` / ``static-K`` (None: not such a name)."""
+    head, sign, k = name.partition("+") if "+" in name else name.partition("-")
+    return int(sign + k) if head == "static" and sign and k.isdigit() else None
+
+
+def valid_policy(name: str) -> bool:
+    return name in POLICIES + EXTRA_POLICIES or _pool_offset(name) is not None
 
 
 def sessions_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
@@ -461,6 +473,79 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def pool_bound(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """What fixed pools can buy, per trace run with pools of several sizes (``static``, ``static+K``) and HPA.
+
+    The pool size is chosen per trace in hindsight and may be time-shared between two sizes (half the hour
+    at 4, half at 5), so the choices are the lower convex hull of each trace's (GPU-hours, violating
+    minutes). Returned: the fewest GPU-hours, against HPA's, for half HPA's violating minutes over the
+    traces, and the fewest violating minutes at 80 % of HPA's GPU-hours (the target's two clauses). Where
+    the load has nothing a forecast can follow — arrivals whose bursts last seconds at a constant mean,
+    against a cold start of minutes — an autoscaler chooses no more than how many replicas to hold, so
+    this is a bound on what any of them can reach there."""
+    out = []
+    for trace in dict.fromkeys(r.trace for r in results):
+        hpa = {r.seed: r for r in results if r.trace == trace and r.policy == "hpa"}
+        pools: dict[int, list[tuple[float, float]]] = {}
+        for r in results:
+            if r.trace == trace and r.seed in hpa and (r.policy == "static" or _pool_offset(r.policy) is not None):
+                pools.setdefault(r.seed, []).append((r.gpu_hours, float(r.violating_minutes)))
+        if not pools or min(len(v) for v in pools.values()) < 2:
+            continue
+        seeds = sorted(pools)
+        path = _pool_path([_lower_hull(pools[s]) for s in seeds])
+        hpa_gpu = sum(hpa[s].gpu_hours for s in seeds)
+        hpa_viol = sum(hpa[s].violating_minutes for s in seeds)
+        gpu = _along(path, viol=hpa_viol / 2)
+        viol = _along(path, gpu=0.8 * hpa_gpu)
+        out.append({"trace": trace, "seeds": len(seeds), "hpa_violating_minutes": round(hpa_viol / len(seeds), 2),
+                    "pool_gpu_vs_hpa_at_half_hpa_violations": None if gpu is None else round(gpu / hpa_gpu, 3),
+                    "pool_violating_minutes_at_0.8_hpa_gpu": None if viol is None else round(viol / len(seeds), 2)})
+    return out
+
+
+def _lower_hull(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (GPU-hours, violating minutes) choices worth making: cheapest first, each buying fewer violating
+    minutes, at a rising price per minute (what time-sharing between two pools reaches is on the segment)."""
+    hull: list[tuple[float, float]] = []
+    for g, v in sorted(points):
+        if hull and v >= hull[-1][1]:
+            continue  # dearer and no better
+        while len(hull) >= 2 and (hull[-1][0] - hull[-2][0]) * (hull[-2][1] - v) >= \
+                (g - hull[-2][0]) * (hull[-2][1] - hull[-1][1]):
+            hull.pop()  # under the segment from the one before: time-sharing beats it
+        hull.append((g, v))
+    return hull
+
+
+def _pool_path(hulls: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Totals over the traces, from every trace at its cheapest pool, buying the cheapest violating minutes
+    first (the fractional knapsack over the hulls' segments: exact for time-shared pools)."""
+    gpu, viol = sum(h[0][0] for h in hulls), sum(h[0][1] for h in hulls)
+    segments = sorted(((b[0] - a[0]) / (a[1] - b[1]), b[0] - a[0], a[1] - b[1])
+                      for h in hulls for a, b in zip(h, h[1:]))
+    path = [(gpu, viol)]
+    for _, dg, dv in segments:
+        gpu, viol = gpu + dg, viol - dv
+        path.append((gpu, viol))
+    return path
+
+
+def _along(path: Sequence[tuple[float, float]], *, viol: float | None = None, gpu: float | None = None) -> float | None:
+    """On the path: the GPU-hours that reach ``viol`` violating minutes, or the violating minutes ``gpu``
+    GPU-hours reach (None: out of the pools' range)."""
+    for (g0, v0), (g1, v1) in zip(path, path[1:]):
+        if viol is not None and v1 <= viol <= v0:
+            return g0 + (g1 - g0) * (v0 - viol) / (v0 - v1)
+        if gpu is not None and g0 <= gpu <= g1:
+            return v0 - (v0 - v1) * (gpu - g0) / (g1 - g0)
+    if viol is not None and path and path[0][1] <= viol:
+        return path[0][0]
+    if gpu is not None and path and gpu >= path[-1][0]:
+        return path[-1][1]
+    return None
+
+
 def _fmt(v: Any, pct: bool = False) -> str:
     if v is None:
         return "—"
@@ -567,7 +652,7 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         work = load_traces(args, cfg)
         policies = args.policies.split(",")
         for p in policies:
-            if p not in POLICIES + EXTRA_POLICIES:
+            if not valid_policy(p):
                 raise ValueError(f"unknown policy {p!r}")
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -576,11 +661,12 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
     results = run_all(work, policies, cfg, args.jobs)
     rows = summarize(results)
     checks = verdicts(rows)
+    bounds = pool_bound(results)
     if args.json:
-        print(json.dumps({"rows": rows, "verdicts": checks}, indent=1))
+        print(json.dumps({"rows": rows, "verdicts": checks, "pool_bounds": bounds}, indent=1))
     else:
         print(markdown_table(rows))
-        for v in checks:
+        for v in checks + bounds:
             print(json.dumps(v))
         print(f"{len(results)} runs in {clock() - t0:.0f} s")
     if args.out:
@@ -589,7 +675,7 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         (out / "results.md").write_text(markdown_table(rows) + "\n")
         (out / "results.json").write_text(json.dumps(
             {"config": asdict(cfg), "set": None if args.trace_file or args.from_prometheus else args.set,
-             "rows": rows, "verdicts": checks, "runs": [replace(r, series={}).__dict__ for r in results]},
+             "rows": rows, "verdicts": checks, "pool_bounds": bounds, "runs": [replace(r, series={}).__dict__ for r in results]},
             indent=1, default=str))
         plot(results, out, cfg, {t.name: s for t, s in reversed(work)})
     return 0
