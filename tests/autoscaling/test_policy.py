@@ -315,3 +315,25 @@ def test_a_forecast_rise_is_not_held_inside_the_tolerance_band() -> None:
                history=History())
     assert (d.desired, d.reason) == (6, "WithinTolerance")
 
+
+
+def test_a_drop_in_bursty_load_never_adds_replicas() -> None:
+    """Bursty traffic at 20 req/s (the history's minute-to-minute noise five times Poisson's): its dispersion
+    is the noise over the Poisson noise of the level it was measured at. When the load then drops, the same
+    history must not read as burstier and ask for more replicas than at 20 req/s."""
+    import random
+
+    from cosyvoice_operator.autoscaling import profile
+
+    rnd = random.Random(7)
+    history = tuple(20.0 + rnd.gauss(0.0, 4.0) for _ in range(60))
+    s = Settings(max_replicas=100, target_p95_ms=2000.0, profile=profile.load("tiny-cpu"))
+
+    def needed(qps: float) -> float:
+        d = decide(0.0, m(qps, audio_s=12.0, rate_history=history), current=1, ready=1, policy=s,
+                   history=History())
+        return d.details["needed"]
+
+    at_20, at_5, idle = needed(20.0), needed(5.0), needed(0.1)
+    assert at_20 > 20.0 / s.per_replica_rate(12.0)[0]  # bursty: more than Poisson sizing
+    assert at_5 < at_20 and idle < 1.0

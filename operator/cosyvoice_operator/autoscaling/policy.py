@@ -318,7 +318,7 @@ def _noise_var(series: Sequence[float], poisson: float) -> float:
     return max(poisson, second[len(second) // 2] / (6 * CHI2_1_MEDIAN))
 
 
-def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
+def _dispersion(m: Metrics, season_s: float | None) -> float:
     """The index of dispersion of the service's arrivals (variance over mean of the counts; 1: Poisson) that
     the history shows beyond doubt: the 1-minute rate's noise over Poisson's, from its second differences (a
     steady rise does not move them; their variance is six times the noise's), by the median of their squares
@@ -332,7 +332,10 @@ def _dispersion(m: Metrics, season_s: float | None, demand: float) -> float:
         return 1.0
     squares = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:]))
     var = squares[len(squares) // 2] / (6 * CHI2_1_MEDIAN) / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
-    return max(1.0, var * RATE_WINDOW_S / max(demand, 1.0 / RATE_WINDOW_S))
+    # over the Poisson noise of the level the history was measured at (not the load now: a drop in load
+    # would read the same noise as more bursty and add replicas)
+    level = sum(x) / len(x)
+    return max(1.0, var * RATE_WINDOW_S / max(level, 1.0 / RATE_WINDOW_S))
 
 
 def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_s: float | None) -> float:
@@ -340,7 +343,7 @@ def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_
     dispersion shared out by random routing. The replicas depend on the clump and the clump on the replicas:
     the fewest replicas n that take the demand with the clump of n (what n replicas need falls as n grows,
     so that is where the two cross; found by doubling, then bisection)."""
-    dispersion = _dispersion(m, season_s, demand) if s.profile is not None and demand > 0 else 1.0
+    dispersion = _dispersion(m, season_s) if s.profile is not None and demand > 0 else 1.0
     if dispersion <= 1.0:
         return 1.0
 
@@ -633,8 +636,6 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     elif desired < s.min_replicas:
         desired, limited, limited_reason = s.min_replicas, True, "TooFewReplicas"
         message += f"; raised to minReplicas {s.min_replicas}"
-    if desired == current and reason in ("ScaleUp", "ScaleDown") and not limited and able:
-        reason = "WithinTolerance"
     if desired != current:
         hot_since = None  # the capacity changes: the latency has to be re-observed
     hist = History(recommendations=recs, failures=0, hot_since=hot_since, burst_at=burst_at,
