@@ -3,6 +3,8 @@ names; the README lists them all."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STAGES = ("llm", "flow", "vocoder")
@@ -80,8 +82,13 @@ class Metrics:
             "cosyvoice_stream_session_duration_seconds", "How long WebSocket speech sessions stayed open.",
             buckets=LATENCY_BUCKETS + (120.0, 300.0, 600.0, 1800.0, 3600.0), registry=r)
         self.stream_send_buffer = Gauge(
-            "cosyvoice_stream_send_buffer_bytes", "Encoded audio and events queued for WebSocket clients, all "
-            "sessions together (each is bounded by stream_send_buffer_bytes).", registry=r)
+            "cosyvoice_stream_send_buffer_bytes", "Encoded audio and events held for WebSocket clients, not yet "
+            "taken (queued, in the connections' write buffers and kernel send queues), all sessions together (each "
+            "is bounded by stream_send_buffer_bytes).",
+            registry=r)
+        # the sessions' held bytes, read at each scrape: a write buffer drains without telling anyone
+        self.stream_send_holders: set[Callable[[], int]] = set()
+        self.stream_send_buffer.set_function(lambda: sum(held() for held in list(self.stream_send_holders)))
         for stage in STAGES:
             self.queue_depth.labels(stage)
             self.batch_size.labels(stage)

@@ -77,7 +77,8 @@ def run(settings: Settings) -> int:
                             # WebSocket speech sessions: a message over max_body_bytes gets the protocol's
                             # error event (up to this size; beyond it the socket's own 1009 close); audio
                             # does not compress, so no per-message deflate
-                            ws=websocket_protocol(close_grace_s=5.0), ws_max_size=16 * settings.max_body_bytes,
+                            ws=websocket_protocol(5.0, settings.stream_send_buffer_bytes),
+                            ws_max_size=16 * settings.max_body_bytes,
                             ws_per_message_deflate=False)
     server = DrainingServer(config, settings)
     holder["server"] = server

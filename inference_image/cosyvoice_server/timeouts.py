@@ -7,16 +7,24 @@
   in OpenAI's error shape and the connection is closed.
 - WebSocket close: a closing connection whose peer does not read would wait forever for its last
   bytes to drain (asyncio closes gracefully); it is aborted `close_grace_s` after the session ended.
+- WebSocket writes: the app sees its connection's write side (SendFlow, in the ASGI scope's extensions)
+  so that what the transport and the kernel hold for a peer that does not read counts against the
+  app's own bound; the kernel's share is capped (its send buffer otherwise grows to megabytes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import socket
+import struct
+import termios
 import time
 from asyncio import TimerHandle
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request
 
 from .api.errors import APIError
 
@@ -60,12 +68,58 @@ def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
     return HeaderTimeoutProtocol
 
 
-def websocket_protocol(close_grace_s: float) -> type[WebSocketsSansIOProtocol]:
+SEND_FLOW = "cosyvoice.websocket.send_flow"  # the ASGI scope extension holding a connection's SendFlow
+
+
+class SendFlow:
+    """A WebSocket connection's write side, for the app: uvicorn's `send` only waits (while the transport
+    is paused) and says nothing of the bytes the transport already holds for the peer."""
+
+    def __init__(self, protocol: WebSocketsSansIOProtocol) -> None:
+        self._protocol = protocol
+
+    def buffered(self) -> int:
+        """Bytes written that the peer has not taken: the transport's buffer and the kernel's send queue."""
+        transport = self._protocol.transport
+        return transport.get_write_buffer_size() + _kernel_send_queue(transport)
+
+    def paused(self) -> bool:
+        """The transport is over its high-water mark: the next send waits for the peer to read."""
+        return not self._protocol.writable.is_set()
+
+    def abort(self) -> None:
+        """Drops the connection and everything buffered for it at once (for a peer that reads nothing)."""
+        self._protocol.transport.abort()
+
+
+def _kernel_send_queue(transport: asyncio.BaseTransport) -> int:
+    """Bytes in the socket's kernel send queue, not yet acknowledged by the peer (0 where unknown)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (AttributeError, OSError, ValueError):  # closed, or a platform without TIOCOUTQ for sockets
+        return 0
+
+
+def websocket_protocol(close_grace_s: float, send_buffer_bytes: int) -> type[WebSocketsSansIOProtocol]:
     """uvicorn's WebSocket protocol whose connection is aborted once its session has ended and
     `close_grace_s` has passed (pass as `Config(ws=...)`): what the socket still buffered for a peer
-    that stopped reading is dropped instead of held."""
+    that stopped reading is dropped instead of held. Its scope carries the connection's SendFlow, and
+    the kernel may hold at most half of `send_buffer_bytes` for the peer (Linux doubles SO_SNDBUF)."""
 
     class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes // 4)
+
+        def handle_connect(self, event: Request) -> None:
+            super().handle_connect(event)
+            # the app's task is created but has not run yet: it sees the extension
+            if self.response.status_code == 101:
+                self.scope["extensions"][SEND_FLOW] = SendFlow(self)
+
         async def run_asgi(self) -> None:
             await super().run_asgi()
             # abort() is a no-op on a connection that has closed meanwhile

@@ -2,10 +2,12 @@
 
 One session is one bistream synthesis request in the shared scheduler. Three tasks serve it: the
 receiver reads client events and feeds the text, the pump turns the request's output into encoded
-frames in a bounded outbox, and the sender writes the outbox to the socket. The outbox is where a
-client that does not read shows: once it holds more than `stream_send_buffer_bytes` the session is
-closed (the socket's own buffers are bounded by the transport's high-water mark), so a stalled
-reader never grows the server's memory. The protocol is stream_protocol.py (docs/streaming.md).
+frames in an outbox, and the sender writes the outbox to the socket. A client that does not read
+shows twice: what the server holds for it (the outbox, and what its connection's transport and the
+kernel have not delivered) passes `stream_send_buffer_bytes`, or a write waits longer than
+`stream_send_timeout_s` for it to take what is pending. Either ends the session with slow_consumer;
+when even the close cannot be written the connection is aborted. So a stalled reader neither grows
+the server's memory nor keeps its session. The protocol is stream_protocol.py (docs/streaming.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..model.manifest import ModelLoadError
 from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
+from ..timeouts import SEND_FLOW, SendFlow
 from . import stream_protocol as p
 from .openai import OPENAI_MODEL_ALIASES
 
@@ -38,8 +41,8 @@ log = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/stream"
 SUBPROTOCOL = "cosyvoice.speech.v1"
 KEY_SUBPROTOCOL_PREFIX = "cosyvoice.key."  # + the API key, base64url without padding (browsers cannot set headers)
-FINAL_SEND_TIMEOUT_S = 2.0
-IDLE_POLL_S = 0.5  # the error event and close frame to a client that may not be reading
+FINAL_SEND_TIMEOUT_S = 2.0  # the error event and close frame to a client that may not be reading
+IDLE_POLL_S = 0.5
 
 router = APIRouter()
 
@@ -89,7 +92,7 @@ async def speech_stream(ws: WebSocket) -> None:
 
 
 class _SlowConsumer(Exception):
-    pass
+    """The client is not taking its audio; the message says how that showed."""
 
 
 class _Session:
@@ -105,6 +108,8 @@ class _Session:
         # (frame, carries audio, for a segment's done event: when its text ended, for the lag metric)
         self.outbox: deque[tuple[str | bytes, bool, float | None]] = deque()
         self.buffered = 0  # bytes in the outbox
+        # the connection's write side, where the server runs with timeouts.websocket_protocol
+        self.flow: SendFlow | None = (ws.scope.get("extensions") or {}).get(SEND_FLOW)
         self.wake = asyncio.Event()
         self.last_activity = time.monotonic()
         self.first_text_at: float | None = None
@@ -118,6 +123,7 @@ class _Session:
     # The whole session -----------------------------------------------------------------------------
     async def run(self) -> None:
         self.m.stream_sessions_open.inc()
+        self.m.stream_send_holders.add(self._held)
         started = time.monotonic()
         reason, outcome = "client_closed", Outcome.CANCELLED
         tasks: list[asyncio.Task] = []
@@ -140,20 +146,19 @@ class _Session:
                 # the pump ending without an error only means all output is queued: the sender decides
                 ended = next((t for t in done if t is not tasks[1] or t.exception() is not None), None)
             reason, outcome, error = self._ending(ended)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop(tasks)
             if error is not None:
                 await self._fail(error)
-            elif reason == "done":
-                await self._close(p.NORMAL, "done")
+            elif reason == "done" and not await self._close(p.NORMAL, "done", self.settings.stream_send_timeout_s):
+                reason = "slow_consumer"  # it never took the end of its audio: the connection was aborted
         finally:
             for t in tasks:
                 t.cancel()
             if self.req is not None:
                 self.s.scheduler.release(self.req, outcome)
             self.m.stream_sessions_open.dec()
-            self.m.stream_send_buffer.dec(self.buffered)
+            self.m.stream_send_holders.discard(self._held)
+            self.outbox.clear()
             self.buffered = 0
             self.m.stream_sessions.labels(reason).inc()
             self.m.stream_session_duration.observe(time.monotonic() - started)
@@ -168,8 +173,8 @@ class _Session:
             return exc.code, Outcome.CANCELLED, exc
         if isinstance(exc, _SlowConsumer):
             return "slow_consumer", Outcome.CANCELLED, p.ProtocolError(
-                "slow_consumer", f"The client did not read its audio: more than {self.settings.stream_send_buffer_bytes} "
-                "bytes were waiting to be sent. Read the socket continuously (buffer audio on the client).")
+                "slow_consumer", f"The client did not read its audio: {exc}. Read the socket continuously (buffer "
+                "audio on the client).")
         if isinstance(exc, _Ended):
             return exc.reason, exc.outcome, exc.error
         if isinstance(exc, WebSocketDisconnect):
@@ -246,7 +251,8 @@ class _Session:
                         "instructions": o.instructions},
             "limits": {"max_message_bytes": self.settings.max_body_bytes,
                        "idle_timeout_s": self.settings.stream_idle_timeout_s,
-                       "send_buffer_bytes": self.settings.stream_send_buffer_bytes},
+                       "send_buffer_bytes": self.settings.stream_send_buffer_bytes,
+                       "send_timeout_s": self.settings.stream_send_timeout_s},
         }))
 
     # Receiving -----------------------------------------------------------------------------------------
@@ -256,8 +262,11 @@ class _Session:
 
     async def _next_event(self, timeout: float) -> p.ClientEvent | None:
         """The next client event; None if none came within `timeout`."""
+        # Not asyncio.wait_for: on Python 3.11 it returns a message that arrives in the same loop turn
+        # as the session's cancel and drops the cancel, so the receiver would poll on forever.
         try:
-            message = await asyncio.wait_for(self.ws.receive(), timeout)
+            async with asyncio.timeout(timeout):
+                message = await self.ws.receive()
         except TimeoutError:
             return None
         if message["type"] == "websocket.disconnect":
@@ -302,10 +311,15 @@ class _Session:
     def _queue(self, frame: str | bytes, audio: bool = False, text_end_at: float | None = None) -> None:
         self.outbox.append((frame, audio, text_end_at))
         self.buffered += len(frame)
-        self.m.stream_send_buffer.inc(len(frame))
         self.wake.set()
-        if self.buffered > self.settings.stream_send_buffer_bytes:
-            raise _SlowConsumer
+        bound = self.settings.stream_send_buffer_bytes
+        # while the transport takes writes the sender empties the outbox at once: only a paused one waits on the client
+        if self._held() > bound and (self.flow is None or self.flow.paused()):
+            raise _SlowConsumer(f"more than {bound} bytes were waiting to be sent")
+
+    def _held(self) -> int:
+        """Bytes held for this client and not taken: its outbox, its connection's write buffer and kernel queue."""
+        return self.buffered + (self.flow.buffered() if self.flow is not None else 0)
 
     def _queue_event(self, event: dict) -> None:
         self._queue(json.dumps(event))
@@ -391,13 +405,14 @@ class _Session:
                 self.wake.clear()
                 await self.wake.wait()
             frame, audio, text_end_at = self.outbox[0]
-            if isinstance(frame, bytes):
-                await self.ws.send_bytes(frame)
-            else:
-                await self.ws.send_text(frame)
+            timeout = self.settings.stream_send_timeout_s
+            try:  # the send waits only while the transport is paused, i.e. for the client to read
+                async with asyncio.timeout(timeout):
+                    await (self.ws.send_bytes(frame) if isinstance(frame, bytes) else self.ws.send_text(frame))
+            except TimeoutError:
+                raise _SlowConsumer(f"it took none of the audio waiting for it for {timeout:g} s") from None
             self.outbox.popleft()
             self.buffered -= len(frame)
-            self.m.stream_send_buffer.dec(len(frame))
             if text_end_at is not None:
                 self.m.stream_audio_lag.observe(time.monotonic() - text_end_at)
             if audio and not self.first_audio_sent:
@@ -406,25 +421,38 @@ class _Session:
                     self.m.stream_ttfa.observe(time.monotonic() - self.first_text_at)
 
     # Ending --------------------------------------------------------------------------------------------
+    async def _stop(self, tasks: list[asyncio.Task]) -> None:
+        """Cancels the session's tasks and waits for them, boundedly: the session ends whatever they do."""
+        for t in tasks:
+            t.cancel()
+        done, stuck = await asyncio.wait(tasks, timeout=FINAL_SEND_TIMEOUT_S)
+        for t in done:  # retrieved here; the first one to end is what the session reports
+            if not t.cancelled():
+                t.exception()
+        if stuck:
+            log.error("%s: %s did not stop when cancelled", self.id, ", ".join(t.get_name() for t in stuck))
+
     async def _fail(self, error: p.ProtocolError) -> None:
         """Drops what was not sent, sends the error event and closes with its code, within a bounded time."""
-        self.m.stream_send_buffer.dec(self.buffered)
         self.outbox.clear()
         self.buffered = 0
-        try:
-            await asyncio.wait_for(self._error_and_close(error), FINAL_SEND_TIMEOUT_S)
-        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
-            pass  # a client that does not read or already left: the connection is dropped
+        await self._close(error.close_code, error.code, FINAL_SEND_TIMEOUT_S, json.dumps(error.event()))
 
-    async def _error_and_close(self, error: p.ProtocolError) -> None:
-        await self.ws.send_text(json.dumps(error.event()))
-        await self.ws.close(error.close_code, error.code)
-
-    async def _close(self, code: int, reason: str) -> None:
+    async def _close(self, code: int, reason: str, timeout: float, last_event: str | None = None) -> bool:
+        """Sends `last_event` and the close frame; False when the client took neither within `timeout`, and
+        its connection (with all that was buffered for it) was aborted."""
         try:
-            await asyncio.wait_for(self.ws.close(code, reason), FINAL_SEND_TIMEOUT_S)
-        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
-            pass
+            async with asyncio.timeout(timeout):
+                if last_event is not None:
+                    await self.ws.send_text(last_event)
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            if self.flow is not None:
+                self.flow.abort()
+            return False
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # it already left
+        return True
 
 
 class _Ended(Exception):
