@@ -47,14 +47,16 @@ TESTS = [
     "tests/operator/test_op_status_body.py", "tests/operator/test_op_status_conditions.py",
     "tests/operator/test_op_render.py", "tests/operator/test_op_probes.py", "tests/operator/test_op_crd.py",
     "tests/operator/test_op_validation.py", "tests/operator/test_op_owner.py", "tests/operator/test_op_render_fetch.py",
-    "tests/operator/test_op_secrets_used.py",
+    "tests/operator/test_op_secrets_used.py", "tests/operator/test_op_voices.py", "tests/bistream/test_ws_protocol.py",
     "tests/autoscaling/test_policy.py", "tests/autoscaling/test_policy_percent.py", "tests/autoscaling/test_policy_from_spec.py",
-    "tests/autoscaling/test_policy_paths.py",
+    "tests/autoscaling/test_policy_paths.py", "tests/autoscaling/test_policy_mutants.py",
+    "tests/autoscaling/test_sessions_signal.py",
     "tests/autoscaling/test_prometheus_queries.py",
 ]
 # What the staged tests read besides the packages: helpers, conftests and repository files.
 TEST_SUPPORT = ["tests/conftest.py", "tests/operator/conftest.py", "tests/operator/cvs_testkit.py",
-                "tests/operator/cvs_crdschema.py", "tests/autoscaling/conftest.py"]
+                "tests/operator/cvs_crdschema.py", "tests/operator/test_op_reconcile.py", "tests/autoscaling/conftest.py",
+                "tests/bistream/conftest.py"]
 REPO_FILES = ["crds", "examples", "docs", "charts"]
 PYPROJECT = """\
 [tool.mutmut]
