@@ -253,7 +253,8 @@ def test_saturation_counts_only_when_it_asks_for_more_than_the_demand() -> None:
 # --- rate limits ------------------------------------------------------------------------------------------
 
 def test_a_count_within_tolerance_after_a_big_step_is_not_rate_limited() -> None:
-    """8 replicas added 10 s ago: the scale-up policy (4 pods a minute) is spent, but holding is no scale-up."""
+    """8 replicas added 10 s ago: the scale-up policy (4 pods a minute) is spent, but holding is no scale-up;
+    likewise holding after 6 were removed is no scale-down."""
     s = replace(FREE, scale_up=Rules(0.0, (Policy("Pods", 4, 60.0),)))
     d = run(Metrics(qps=40.0, p95_ms=300), 10, s, History(scale_events=((50.0, 8),)))
     assert (d.desired, d.able_to_scale, d.able_reason) == (10, True, "ReadyForNewScale")
@@ -539,10 +540,92 @@ def test_requests_that_made_no_audio_do_not_shorten_the_forecast() -> None:
     assert (f[0], max(f)) == (replicas_at(5.0, 4.0), replicas_at(20.0, 4.0))
 
 
-def test_bursty_arrivals_are_sized_at_the_clump_their_replicas_see() -> None:
+@pytest.mark.parametrize(("qps", "sd", "samples", "seed", "desired", "message"), [
+    (20.0, 4.0, 120, 54, 3, "qps at 8.72 req/s per replica (tiny-cpu profile at 4.0 s of audio per request, arrivals "
+                            "in clumps of 7.7) needs 2.29 replicas"),
+    (40.0, 3.0, 30, 29, 2, "qps at 19.98 req/s per replica (tiny-cpu profile at 4.0 s of audio per request, arrivals "
+                           "in clumps of 1.7) needs 2.00 replicas, within tolerance of 2"),
+])
+def test_bursty_arrivals_are_sized_at_the_clump_their_replicas_see(qps: float, sd: float, samples: int, seed: int,
+                                                                    desired: int, message: str) -> None:
     """Clumps get smaller as the replicas share them out; the count is the fewest replicas that take the
-    demand at the clump they see (found by bisection, to well below a tenth of a replica)."""
-    m = Metrics(qps=20.0, audio_s=4.0, rate_history=noisy(20.0, 4.0, 120, 25), p95_ms=300)
+    demand at the clump they see (found by bisection, well within the 0.1 steps the clump is read at)."""
+    m = Metrics(qps=qps, audio_s=4.0, rate_history=noisy(qps, sd, samples, seed), p95_ms=300)
     d = run(m, 2, MEASURED)
-    assert (d.desired, d.message) == (3, "qps at 8.72 req/s per replica (tiny-cpu profile at 4.0 s of audio per request, "
-                                         "arrivals in clumps of 7.7) needs 2.29 replicas")
+    assert (d.desired, d.message) == (desired, message)
+
+
+def test_clumps_at_a_trickle_count_against_the_level_the_history_was_measured_at() -> None:
+    """A request every 40 s on average (history level 0.025 req/s), in minutes of 0 or 3 requests: above the
+    floor of one request a minute, the dispersion is read against that level (clumps of 1.3, not 1.1)."""
+    rnd = random.Random(1)
+    history = tuple(rnd.choice((0.0, 0.05)) for _ in range(120))
+    d = run(Metrics(qps=0.025, audio_s=12.0, rate_history=history, p95_ms=300), 1, MEASURED)
+    assert "arrivals in clumps of 1.3)" in d.message
+
+
+# --- a recurring climb --------------------------------------------------------------------------------------
+
+SEASON = History(season_s=1200.0, season_checked=0.0)  # a 20-minute period, looked for just now
+
+
+def climb(ahead: tuple[float, ...], samples: int = 20) -> list[float]:
+    """One cycle of ``samples`` whose forecast for the next steps is ``ahead`` (req/s, non-decreasing): each
+    forecast step is the highest of its sample and the two around it; 4 req/s the rest of the cycle."""
+    c = [ahead[0], *ahead, ahead[-1], ahead[-1]]
+    return c + [4.0] * (samples - len(c))
+
+
+@pytest.mark.parametrize(("ahead", "climbing"), [
+    ((8.4, 8.4, 8.8, 9.0), True),  # level, then up: still a climb through the lead time
+    ((8.4, 8.4, 8.4, 8.8), True),  # up only at the last step
+    ((8.4, 8.8, 8.8, 8.8), True),  # up at the first step, then level
+    ((8.8, 8.8, 8.8, 8.8), False),  # a plateau is no climb
+])
+def test_a_pattern_climbing_through_the_lead_time_is_followed_inside_the_tolerance(ahead: tuple[float, ...],
+                                                                                  climbing: bool) -> None:
+    """8.4 req/s now: 2.1 replicas with 2 running, within the tolerance; the pattern climbs to at most 9 req/s
+    (2.25, also within it). A climb is followed at once (3 replicas); a plateau leaves the count."""
+    d = run(Metrics(qps=8.4, rate_history=tuple(climb(ahead) * 2)), 2, h=SEASON)
+    assert (d.desired, d.message.startswith("the load recurring every 20 min")) == ((3, True) if climbing else (2, False))
+
+
+def test_a_pattern_that_dips_within_the_lead_time_is_no_climb() -> None:
+    """Two cycles that differ: the forecast (their average) goes 2.08, 2.18, 2.10, 2.25 replicas: it ends higher,
+    but dips on the way (samples differing by noise, not a climb)."""
+    first = [8.6, 8.0, 8.0, 8.0, 9.2, 9.2] + [4.0] * 14
+    second = [8.0, 8.0, 8.8, 8.8, 8.8, 8.8] + [4.0] * 14
+    d = run(Metrics(qps=8.4, rate_history=tuple(first + second)), 2, h=SEASON)
+    assert d.history.forecast[:4] == (2.079, 2.179, 2.104, 2.254)
+    assert (d.desired, d.message) == (2, f"{QPS} needs 2.10 replicas, within tolerance of 2")
+
+
+def test_a_climb_is_followed_only_when_the_load_now_needs_more_than_runs() -> None:
+    d = run(Metrics(qps=8.0, rate_history=tuple(climb((8.0, 8.0, 8.4, 8.6)) * 2)), 2, h=SEASON)
+    assert (d.desired, d.message) == (2, f"{QPS} needs 2.00 replicas, within tolerance of 2")
+
+
+def test_a_climb_that_tops_out_at_the_load_now_adds_no_forecast() -> None:
+    """10 req/s now (2.5 replicas), the pattern climbing to exactly that: the load now sizes it."""
+    d = run(Metrics(qps=10.0, rate_history=tuple(climb((9.0, 9.2, 9.6, 10.0)) * 2)), 2, h=SEASON)
+    assert (d.desired, d.message) == (3, f"{QPS} needs 2.50 replicas")
+
+
+def test_a_climb_seen_in_two_coarse_steps_is_followed() -> None:
+    """A sample every 2 minutes: the lead time (195 s) is two samples, enough to see a climb."""
+    d = run(Metrics(qps=8.4, rate_history=tuple(climb((8.4, 8.8), samples=10) * 4), history_step_s=120.0), 2,
+            h=SEASON)
+    assert d.desired == 3 and d.message.startswith("the load recurring every 20 min")
+
+
+# --- limits reached exactly ---------------------------------------------------------------------------------
+
+def test_a_scale_down_exactly_to_the_limit_is_not_limited() -> None:
+    s = replace(FREE, scale_down=Rules(0.0, (Policy("Percent", 50, 60.0),)))
+    d = run(Metrics(qps=16.0, p95_ms=300), 8, s)
+    assert (d.desired, d.able_to_scale, d.message) == (4, True, f"{QPS} needs 4.00 replicas")
+
+
+def test_a_scale_up_exactly_to_max_replicas_is_not_limited() -> None:
+    d = run(Metrics(qps=20.0, p95_ms=300), 2, replace(FREE, max_replicas=5))
+    assert (d.desired, d.limited, d.limited_reason, d.message) == (5, False, "", f"{QPS} needs 5.00 replicas")
