@@ -42,12 +42,13 @@ MODULES: dict[str, tuple[str, ...] | None] = {
 }
 TESTS = [
     "tests/server/test_engine_and_scheduling.py", "tests/server/test_sampling.py", "tests/server/test_batching.py",
-    "tests/server/test_audio_encoding.py", "tests/server/test_speed.py",
+    "tests/server/test_audio_encoding.py", "tests/server/test_speed.py", "tests/server/test_stream_resampler.py",
     "tests/operator/test_op_apply.py", "tests/operator/test_op_capacity.py", "tests/operator/test_op_status.py",
     "tests/operator/test_op_status_body.py", "tests/operator/test_op_status_conditions.py",
     "tests/operator/test_op_render.py", "tests/operator/test_op_probes.py", "tests/operator/test_op_crd.py",
     "tests/operator/test_op_validation.py", "tests/operator/test_op_owner.py", "tests/operator/test_op_render_fetch.py",
-    "tests/operator/test_op_secrets_used.py", "tests/operator/test_op_voices.py", "tests/bistream/test_ws_protocol.py",
+    "tests/operator/test_op_secrets_used.py", "tests/operator/test_op_voices.py", "tests/operator/test_op_voice_key.py",
+    "tests/bistream/test_ws_protocol.py",
     "tests/autoscaling/test_policy.py", "tests/autoscaling/test_policy_percent.py", "tests/autoscaling/test_policy_from_spec.py",
     "tests/autoscaling/test_policy_paths.py", "tests/autoscaling/test_policy_mutants.py",
     "tests/autoscaling/test_sessions_signal.py",
