@@ -86,7 +86,7 @@ class ServerState:
             self.prompt_cache = PromptCache(self.voice_store, s.voice_cache_bytes, self._count_lookup)
             self.metrics.registered_voices.set_function(self.voice_store.count)
         if s.allow_voice_registration:
-            self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency, s.intra_op_threads)
+            self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20))), self.metrics)
         self.scheduler.start()

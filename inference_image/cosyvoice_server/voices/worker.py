@@ -1,56 +1,81 @@
-"""Voice feature extraction in a child process.
+"""Voice feature extraction in child processes that take only the CPU synthesis leaves over.
 
 The synthesis stages are threads of the server process: they share its GIL. Extraction in another thread
-of that process would hold the GIL in its Python and C-extension sections while the stage threads wait,
-and a lower CPU priority for that thread would make it worse (a preempted low-priority thread holding the
-GIL stalls every stage thread). A child process has its own interpreter; at a lower priority (`nice`) the
-kernel gives the stage threads the CPU first, and nothing else is shared.
+of that process would hold the GIL in its Python and C-extension sections while the stage threads wait.
+A child process has its own interpreter; the server's part of a registration (reading the upload,
+decoding and hashing the clip, writing the store) is a few milliseconds of mostly GIL-free work.
 
-The pool is started with `spawn` (the server process runs threads and ONNX Runtime sessions: forking it is
-unsafe), and its workers build their own `PromptEncoder` once.
+What a registration then costs the streams is the child's CPU on the cores the stage threads run on, so
+the child keeps to what they leave:
+
+- every thread runs under SCHED_IDLE (Linux): the kernel gives it a core only when no other thread wants
+  one, and a waking stage thread takes the core back at once. A nice value only weighs the child less (at
+  nice 10, 110 against 1024) and still lets it finish its time slice while a stage thread waits. Where
+  SCHED_IDLE is refused the child runs at nice 19.
+- numpy's BLAS runs on one thread (threadpoolctl). OpenBLAS starts a thread per core; the mel filterbank
+  products were split across both cores and its threads then spun for about 0.1 s after each call,
+  about twice the CPU of the extraction itself, on the core the extraction was not using.
+- ONNX Runtime sessions get one intra-op thread, whatever the server's `--intra-op-threads` (the two
+  encoders are small; more threads would only take more cores from the stages).
+- Every worker starts, builds its encoder and runs one extraction before the server reports ready, and
+  lives as long as the server: no process start-up, imports or session creation during a registration.
+  (A `spawn` pool starts its workers on demand, the second one during the second concurrent registration,
+  at the server's priority while it imports; so all are started at once, up front.)
+
+The pool uses `spawn` (the server process runs threads and ONNX Runtime sessions: forking it is unsafe).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from ..engine.pipeline import Voice
 from ..frontend import TextFrontend
 from ..model.manifest import ModelLoadError, validate_model_dir
 from .features import PromptEncoder
 
-# How much nicer than the server the workers run: the stage threads get the CPU first.
-NICENESS = 10
+# Where SCHED_IDLE is refused (not Linux, or a seccomp profile that forbids it): the lowest priority.
+FALLBACK_NICE = 19
+# The encoders' ONNX Runtime sessions and numpy's BLAS: one thread each, one core at most.
+THREADS = 1
 
 _encoder: PromptEncoder | None = None
 _error: str | None = None
 
 
-def _lower_priority() -> None:
-    """Every thread of this process, not only the calling one (Linux sets a nice value per thread): numpy's
-    BLAS started its threads when the module was imported, before this runs."""
+def _background() -> None:
+    """Every thread of this process, not only the calling one (Linux sets the policy per thread): numpy's
+    BLAS started its threads when the module was imported, before this runs. Threads started later inherit it."""
     tasks = Path("/proc/self/task")
     for tid in (int(t.name) for t in tasks.iterdir()) if tasks.is_dir() else [0]:
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS))
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, PermissionError):  # no SCHED_IDLE here: the weakest nice value instead
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, FALLBACK_NICE)
+            except OSError:
+                pass
         except OSError:  # a thread that ended meanwhile
             pass
 
 
-def _init(model_dir: str, threads: int) -> None:
+def _init(model_dir: str) -> None:
     global _encoder, _error
     try:
-        _lower_priority()
+        _background()
+        threadpool_limits(THREADS)
         m = validate_model_dir(Path(model_dir), "fp32")
         f = m.frontend
         frontend = TextFrontend(Path(model_dir) / f.tokenizer, f.max_text_tokens_per_segment,
                                 f.min_text_tokens_per_segment, f.merge_text_tokens, f.text_frontend)
-        _encoder = PromptEncoder(Path(model_dir), m, frontend, threads=threads)
+        _encoder = PromptEncoder(Path(model_dir), m, frontend, threads=THREADS)
         # One extraction now: the text normalizers and the sessions load before the server is ready, not
         # during the first registration (at this priority, on a busy CPU, that would take a minute).
         t = np.arange(24000) / 16000
@@ -59,8 +84,19 @@ def _init(model_dir: str, threads: int) -> None:
         _error = f"{exc.__class__.__name__}: {exc}"
 
 
-def _ready() -> str | None:
-    return _error
+def _ready() -> tuple[int, str | None]:
+    return os.getpid(), _error
+
+
+def settings() -> dict:
+    """What this worker runs with (for tests and diagnostics): scheduling policy and nice value per thread,
+    BLAS threads, the sessions' intra-op threads."""
+    tasks = [int(t.name) for t in Path("/proc/self/task").iterdir()]
+    return {"policies": {os.sched_getscheduler(t) for t in tasks},
+            "nice": {os.getpriority(os.PRIO_PROCESS, t) for t in tasks},
+            "blas_threads": {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"},
+            "intra_op_threads": {s.get_session_options().intra_op_num_threads
+                                 for s in (_encoder.campplus, _encoder.tokenizer)} if _encoder else set()}
 
 
 def _extract(audio: np.ndarray, sample_rate: int, transcript: str | None, name: str) -> Voice:
@@ -71,17 +107,25 @@ def _extract(audio: np.ndarray, sample_rate: int, transcript: str | None, name: 
 class ExtractionPool:
     """`size` worker processes; `extract` blocks (call it from a thread)."""
 
-    def __init__(self, model_dir: Path, size: int, threads: int) -> None:
-        self.args = (str(model_dir), threads)
+    def __init__(self, model_dir: Path, size: int) -> None:
+        self.model_dir = str(model_dir)
         self.size = size
         self.busy = 0  # extractions running or waiting for a worker (counted on the event loop)
         self.pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
-        """Starts a worker and waits for its encoder, so a model that cannot clone fails at start-up."""
+        """Starts every worker and waits for their encoders, so a model that cannot clone fails at start-up."""
         pool = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-                                   initargs=self.args)
-        problem = pool.submit(_ready).result()
+                                   initargs=(self.model_dir,))
+        # A spawn pool starts a worker per call submitted while none is idle, so `size` calls at once start
+        # them all; a worker answers once its initializer is done, but a quick one may answer for a slow one.
+        answers: dict[int, str | None] = {}
+        while len(answers) < self.size:
+            before = len(answers)
+            answers |= dict(f.result() for f in [pool.submit(_ready) for _ in range(self.size - len(answers))])
+            if len(answers) == before:
+                time.sleep(0.1)
+        problem = next((error for error in answers.values() if error is not None), None)
         if problem is not None:
             pool.shutdown(cancel_futures=True)
             raise ModelLoadError(f"voice registration cannot start its feature extraction: {problem}")
