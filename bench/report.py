@@ -6,6 +6,8 @@ Standard library only: the docs check runs without the benchmark's dependencies.
 """
 from __future__ import annotations
 
+import statistics
+
 # The targets the server is held to; docs/benchmarks.md reports each against the latest run.
 MIN_SERVER_OVER_ENGINE = 0.9  # at concurrency >= 16
 MIN_BATCHED_OVER_UNBATCHED = 3.0  # at concurrency 32
@@ -103,8 +105,11 @@ def voices_table(res: dict) -> str:
     idle, busy, reg = res["phases"]["idle"], res["phases"]["registering"], res["registrations"]
     p50, p95 = busy["ttfa_p50_ms"] / idle["ttfa_p50_ms"], busy["ttfa_p95_ms"] / idle["ttfa_p95_ms"]
     ok = max(p50, p95) <= MAX_TTFA_RATIO_WHILE_REGISTERING
+    load = res.get("load_avg_1m")
     lines = [f"Run on {res['date']} on {res['machine']}; device `{res['device']}`, {res['streams']} streams, "
-             f"{res['voices']} voices from {res['clip_s']:g} s clips per round, {res['rounds']} rounds:\n",
+             f"{res['voices']} voices from {res['clip_s']:g} s clips per registering window, {res['rounds']} rounds"
+             + (f", about {res['duration_s'] / 60:.0f} min" if "duration_s" in res else "")
+             + (f"; 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after" if load else "") + ":\n",
              f"```sh\n{res['command']}\n```\n",
              "| window | seconds | requests (errors) | TTFA p50 ms | TTFA p95 ms | TTFA mean ms |",
              "|---|---|---|---|---|---|"]
@@ -113,8 +118,11 @@ def voices_table(res: dict) -> str:
                      f"| {ph['ttfa_p95_ms']:.0f} | {ph['ttfa_mean_ms']:.0f} |")
     rounds = res.get("p50_ratio_per_round") or []
     if rounds:
-        lines += ["", "TTFA p50 while registering ÷ in the idle window after it, per round: "
-                  + ", ".join(f"{r:.2f}" for r in rounds) + "."]
+        lines += ["", "TTFA p50 while registering ÷ in the idle window paired with it, per round: "
+                  + ", ".join(f"{r:.2f}" for r in rounds) + f" (median {statistics.median(rounds):.2f})."]
+    if "p50_ratio_interval_90" in res:
+        lo, hi = res["p50_ratio_interval_90"]
+        lines += ["", f"Pooled p50 ratio, 90 % bootstrap interval over the rounds: {lo:.2f}–{hi:.2f}."]
     lines += ["", f"Registrations: {reg['ok']} of {reg['count']} stored (HTTP {', '.join(map(str, reg['codes']))}; "
               f"{reg['retries_on_429']} retries after 429), {reg['p50_s']:.2f} s median, {reg['max_s']:.2f} s at most.", "",
               "| target | this run | met? |", "|---|---|---|",
