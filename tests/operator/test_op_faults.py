@@ -271,7 +271,7 @@ async def test_a_secret_reaches_pods_only_when_its_owner_opted_in(cluster: Any, 
         await eventually(lambda: condition(cluster, "Ready")["reason"] == "SecretNotAllowed")
         message = condition(cluster, "Ready")["message"]
         assert f"Secret db-password" in message and f"kubectl label secret db-password -n {NS}" in message
-        assert any(r == "SecretNotAllowed" for r, _ in events(cluster))
+        await eventually(lambda: any(r == "SecretNotAllowed" for r, _ in events(cluster)))  # events post asynchronously
         await asyncio.sleep(1.0)
         assert live(cluster, DEPLOYMENTS) is None
 
