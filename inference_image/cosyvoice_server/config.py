@@ -34,7 +34,7 @@ class Settings(BaseModel):
     drain_timeout_s: float = Field(30.0, ge=0, le=3600, description="after SIGTERM, how long accepted requests may take to finish")
     max_body_bytes: int = Field(65536, ge=1024, description="largest accepted request body (413 beyond), and largest message of a WebSocket speech session")
     stream_idle_timeout_s: float = Field(20.0, gt=0, le=3600, description="a WebSocket speech session whose client sends nothing for this long while the server waits for its text is closed (error idle_timeout)")
-    stream_send_buffer_bytes: int = Field(1_048_576, ge=16_384, le=1 << 30, description="encoded audio and events a WebSocket speech session may hold for a client that is not taking them (its queue and the connection's write buffer together); beyond it the session is closed (error slow_consumer)")
+    stream_send_buffer_bytes: int = Field(1_048_576, ge=16_384, le=1 << 30, description="encoded audio and events a WebSocket speech session may hold for a client that is not taking them (its queue, the connection's write buffer and the socket's kernel send queue together); beyond it the session is closed (error slow_consumer)")
     stream_send_timeout_s: float = Field(10.0, gt=0, le=3600, description="a WebSocket speech session whose client takes none of the audio waiting for it for this long is closed (error slow_consumer)")
     served_model_name: str | None = Field(None, description="model id in the API (default: the manifest's name)")
     voice_aliases: str | None = Field(None, description="alias=voice pairs, comma-separated (e.g. alloy=default,nova=bright), "
