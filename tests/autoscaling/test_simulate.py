@@ -177,6 +177,48 @@ def test_cli_replays_a_csv_with_an_outage_as_json(tmp_path: Path, capsys: pytest
     assert main(["simulate", "--trace-file", str(tmp_path / "missing.csv")]) == 2
 
 
+def test_a_csv_in_another_format_is_reported_at_its_line_not_skipped_as_headers(tmp_path: Path) -> None:
+    (tmp_path / "semicolons.csv").write_text("t_seconds;rate_rps\n0;5\n60;6\n")
+    with pytest.raises(ValueError, match=r"semicolons.csv:2: expected t_seconds,rate_rps"):
+        traces.read_csv(tmp_path / "semicolons.csv", 12.0)
+    (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbft_seconds,rate_rps\r\n0,5\r\n60,8\r\n")  # BOM, CRLF
+    assert list(traces.read_csv(tmp_path / "excel.csv", 12.0).rate[[0, 60]]) == [5.0, 8.0]
+
+
+def test_a_trace_too_large_to_replay_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    (tmp_path / "millis.csv").write_text("0,5\n2000000,5\n")  # milliseconds read as seconds: 46 days
+    with pytest.raises(ValueError, match=r"spans 46.3 days; at most 31 .*is t_seconds in seconds"):
+        traces.read_csv(tmp_path / "millis.csv", 12.0)
+    (tmp_path / "flood.csv").write_text("0,1e9\n60,1\n")
+    with pytest.raises(ValueError, match=r"about 6e\+10 requests.*at most 5e\+07"):
+        traces.read_csv(tmp_path / "flood.csv", 12.0)
+
+
+@pytest.mark.parametrize(("flags", "why"), [
+    (["--slo-ms", "0"], "--slo-ms must be > 0"),
+    (["--max-replicas", "0"], "--max-replicas must be ≥ 1"),
+    (["--min-replicas", "5", "--max-replicas", "3"], "--max-replicas (3) is below --min-replicas (5)"),
+    (["--scrape-s", "45"], "must span two scrapes"),
+    (["--audio-s", "-1"], "--audio-s must be > 0"),
+    (["--minutes", "1e9"], "--minutes must be ≤ 44640"),
+    (["--profile", "__FILE__"], "is not a profile written by bench.capacity"),
+    (["--from-prometheus", "http://127.0.0.1:9", "--range", "90d"], "expected 0 < step ≤ range ≤ 31d"),
+    (["--from-prometheus", "http://127.0.0.1:9", "--range", "1h"], "error: Prometheus at http://127.0.0.1:9: "),
+])
+def test_cli_refuses_meaningless_parameters_with_a_message_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], why: str) -> None:
+    (tmp_path / "load.csv").write_text("0,5\n60,6\n")
+    flags = [str(tmp_path / "load.csv") if f == "__FILE__" else f for f in flags]
+    source = [] if "--from-prometheus" in flags else ["--trace-file", str(tmp_path / "load.csv")]
+    assert main(["simulate", *source, "--seeds", "1", "--policies", "policy", *flags,
+                 "--save-trace", str(tmp_path / "saved.csv")]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err
+    with pytest.raises(SystemExit):  # argparse: exit status 2 and its usage line
+        main(["simulate", "--trace-file", str(tmp_path / "load.csv"), "--seeds", "0"])
+    assert "--seeds: must be ≥ 1" in capsys.readouterr().err
+
+
 def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     assert main(["simulate", "--traces", "poisson", "--set", "tuning", "--seeds", "1", "--minutes", "5",

@@ -193,4 +193,8 @@ def load(name_or_path: str = DEFAULT_PROFILE, batching: Any = None) -> Profile:
         path = PROFILES / f"{name_or_path}.json"
         if not path.exists():
             raise ValueError(f"unknown capacity profile {name_or_path!r}; bundled: {', '.join(names())}")
-    return from_dict(json.loads(path.read_text()), batching)
+    try:
+        return from_dict(json.loads(path.read_text()), batching)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"capacity profile {path} is not a profile written by bench.capacity "
+                         f"({type(exc).__name__}: {exc})") from None

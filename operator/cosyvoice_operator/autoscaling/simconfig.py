@@ -17,6 +17,16 @@ def _deployed() -> Batching:
     return Batching()
 
 
+MAX_TRACE_S = 31 * 86400  # the longest trace replayed: a month, longer than any forecast lookback
+
+# The least value of each numeric parameter, and whether it is excluded (a zero SLO, scrape or batch has no meaning)
+BOUNDS: dict[str, tuple[float, bool]] = {
+    "audio_s": (0, True), "max_batch_size": (1, False), "max_queue_size": (0, False), "cold_start_s": (0, False),
+    "scrape_s": (0, True), "rate_window_s": (0, True), "slo_ms": (0, True), "target_qps_per_replica": (0, False),
+    "max_replicas": (1, False), "minutes": (0, True),
+}
+
+
 @dataclass(frozen=True)
 class SimConfig:
     profile: str = "tiny-cpu"  # capacity profile (bench.capacity): a bundled name or a JSON file
@@ -35,12 +45,30 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.min_replicas < 1:  # the same rule as the CRD: no wake-up path exists at zero
             raise ValueError(SCALE_TO_ZERO)
+        for name, (least, strict) in BOUNDS.items():
+            value = getattr(self, name)
+            if value < least or (strict and value == least):
+                raise ValueError(f"--{name.replace('_', '-')} must be {'>' if strict else '≥'} {least:g} (got {value:g})")
+        if self.minutes * 60 > MAX_TRACE_S:
+            raise ValueError(f"--minutes must be ≤ {MAX_TRACE_S // 60} (got {self.minutes:g})")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"--max-replicas ({self.max_replicas}) is below --min-replicas ({self.min_replicas})")
+        if self.rate_window_s < 2 * self.scrape_s:  # rate() needs two samples in its window, as in Prometheus
+            raise ValueError(f"--rate-window-s ({self.rate_window_s:g}) must span two scrapes (--scrape-s "
+                             f"{self.scrape_s:g})")
 
 
 def _min_replicas(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(SCALE_TO_ZERO)
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1 (got {value})")
     return value
 
 
@@ -53,7 +81,7 @@ def add_arguments(ap: Any) -> None:
                      help="export --query over --range from Prometheus as a trace, then replay it")
     ap.add_argument("--set", choices=("tuning", "heldout"), default="heldout",
                     help="parameter ranges and seeds of generated traces (default heldout)")
-    ap.add_argument("--seeds", type=int, default=10, help="traces per family, from the set's seeds (default 10)")
+    ap.add_argument("--seeds", type=_at_least_one, default=10, help="traces per family, from the set's seeds (default 10)")
     ap.add_argument("--outage", action="append", default=[], metavar="START:END",
                     help="seconds of the trace during which the service's metrics vanish (repeatable)")
     ap.add_argument("--query", default="sum(rate(cosyvoice_requests_total[1m]))",
@@ -66,7 +94,7 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, from {', '.join(POLICIES + EXTRA_POLICIES)}; static+K (static-K): "
                          "a fixed pool K replicas above (below) the one sized for the peak")
-    ap.add_argument("--jobs", type=int, default=1, help="processes")
+    ap.add_argument("--jobs", type=_at_least_one, default=1, help="processes")
     ap.add_argument("--json", action="store_true", help="print the summary rows and verdicts as JSON")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")
     for f in SimConfig.__dataclass_fields__.values():

@@ -41,7 +41,7 @@ from . import profile as profiles
 from . import traces
 from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, ReactiveOracle, Static
 from .policy import Metrics, Settings
-from .simconfig import EXTRA_POLICIES, POLICIES, SimConfig, add_arguments
+from .simconfig import EXTRA_POLICIES, MAX_TRACE_S, POLICIES, SimConfig, add_arguments
 from .traces import Trace
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
@@ -633,8 +633,11 @@ def load_traces(args: Any, cfg: SimConfig) -> list[tuple[Trace, int]]:
     path = args.trace_file
     if args.from_prometheus:
         path = args.save_trace or "prometheus-trace.csv"
-        traces.export_prometheus(args.from_prometheus, args.query, traces.parse_duration(args.range),
-                                 traces.parse_duration(args.step), args.audio_query, path)
+        range_s, step_s = traces.parse_duration(args.range), traces.parse_duration(args.step)
+        if not 0 < range_s <= MAX_TRACE_S or not 0 < step_s <= range_s:
+            raise ValueError(f"--range {args.range} --step {args.step}: expected 0 < step ≤ range ≤ "
+                             f"{MAX_TRACE_S // 86400}d")
+        traces.export_prometheus(args.from_prometheus, args.query, range_s, step_s, args.audio_query, path)
         print(f"wrote {path}")
     if path:
         return [(traces.read_csv(path, cfg.audio_s, outages), s) for s in range(args.seeds)]
@@ -646,8 +649,8 @@ def load_traces(args: Any, cfg: SimConfig) -> list[tuple[Trace, int]]:
 def run_cli(args: Any, clock: Callable[[], float]) -> int:
     import sys
 
-    cfg = SimConfig(**{k: getattr(args, k) for k in SimConfig.__dataclass_fields__})
     try:
+        cfg = SimConfig(**{k: getattr(args, k) for k in SimConfig.__dataclass_fields__})
         load_profile(cfg)
         work = load_traces(args, cfg)
         policies = args.policies.split(",")

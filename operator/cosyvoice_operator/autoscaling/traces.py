@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .simconfig import MAX_TRACE_S
+
 FAMILIES = ("step", "ramp", "periodic", "bursty", "poisson", "outage", "mixed")
 
 
@@ -153,16 +155,22 @@ def _finish(family: str, seed: int, rate: np.ndarray, audio: np.ndarray, lead: i
                  {"seed": seed, **params}, cv)
 
 
+MAX_REQUESTS = 50_000_000  # every request is simulated: about 25 bytes and 50 µs each
+
+
 def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[float, float]] = ()) -> Trace:
     """A trace from ``t_seconds,rate_rps[,mean_audio_s]`` rows (a header line is allowed). Each row's values
     hold until the next row's time; the last row holds for one more interval."""
     rows: list[tuple[float, float, float]] = []
-    with open(path, newline="") as f:
+    header_allowed = True
+    with open(path, newline="", encoding="utf-8-sig") as f:
         for i, row in enumerate(csv.reader(f), 1):
             if not row or row[0].strip().startswith("#"):
                 continue
-            if not rows and not _is_number(row[0]):
-                continue  # a header
+            if header_allowed and not _is_number(row[0]):
+                header_allowed = False
+                continue  # the header: the first line only, so rows in another format are reported, not skipped
+            header_allowed = False
             try:
                 t, rate = float(row[0]), float(row[1])
                 audio = float(row[2]) if len(row) > 2 and row[2].strip() else default_audio_s
@@ -179,6 +187,15 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
     t0 = rows[0][0]
     step = rows[1][0] - rows[0][0] if len(rows) > 1 else 60.0
     end = int(math.ceil(rows[-1][0] - t0 + step))
+    if end > MAX_TRACE_S:
+        raise ValueError(f"{path}: the trace spans {end / 86400:.1f} days; at most {MAX_TRACE_S / 86400:.0f} are "
+                         "replayed (is t_seconds in seconds?)")
+    # each row holds until the next: its rate times its duration is the requests it sends
+    durations = [b[0] - a[0] for a, b in zip(rows, rows[1:])] + [step]
+    requests = sum(r[1] * d for r, d in zip(rows, durations))
+    if requests > MAX_REQUESTS:
+        raise ValueError(f"{path}: the trace sends about {requests:.3g} requests; the simulator replays every "
+                         f"request and takes at most {MAX_REQUESTS:.0e} per run: replay a shorter range")
     starts = np.array([r[0] - t0 for r in rows])
     idx = np.searchsorted(starts, np.arange(end), side="right") - 1
     rate = np.array([r[1] for r in rows])[idx]
@@ -216,15 +233,18 @@ def export_prometheus(url: str, query: str, range_s: float, step_s: float, audio
     (the simulator holds the last value), not as zeros."""
     import datetime as dt
 
-    from .prometheus import connect_range
+    from .prometheus import QueryFailed, connect_range
 
     stop = dt.datetime.fromtimestamp(end if end is not None else dt.datetime.now().timestamp(), dt.timezone.utc)
     start = stop - dt.timedelta(seconds=range_s)
-    fetch = connect_range(url)
-    rates = fetch(query, start, stop, step_s)
+    try:
+        fetch = connect_range(url)
+        rates = fetch(query, start, stop, step_s)
+        audio = fetch(audio_query, start, stop, step_s) if audio_query and rates else {}
+    except QueryFailed as exc:
+        raise ValueError(f"Prometheus at {url}: {exc}") from None
     if not rates:
         raise ValueError(f"Prometheus returned no samples for {query!r} over the last {range_s:.0f} s")
-    audio = fetch(audio_query, start, stop, step_s) if audio_query else {}
     t0 = min(rates)
     path = Path(out)
     with path.open("w", newline="") as f:
