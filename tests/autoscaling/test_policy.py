@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from cosyvoice_operator.autoscaling.policy import (DEFAULT_SCALE_DOWN, History, Metrics, Policy, Rules, Settings,
-                                                   decide, scale_limit)
+from cosyvoice_operator.autoscaling.policy import (DEFAULT_SCALE_DOWN, Decision, History, Metrics, Policy, Rules,
+                                                   Settings, decide, scale_limit)
 from cosyvoice_operator.spec import parse_spec
 
 BASE = Settings(min_replicas=1, max_replicas=20, target_qps_per_replica=4.0, target_p95_ms=1000.0,
@@ -244,6 +244,42 @@ def test_a_step_is_not_a_season() -> None:
     assert forecast.detect_period(step, 60.0, 195.0, 0.6) is None
 
 
+def test_a_noisy_rise_is_not_a_season() -> None:
+    """Three hours of a slow rise (a day's morning) with ±12 % minute-to-minute noise: the series correlates
+    with itself at every lag through its trend, and its noise makes some lag a local maximum; without the
+    trend nothing recurs. The same noise on a 30-minute wave is found."""
+    import random
+
+    from cosyvoice_operator.autoscaling import forecast
+
+    rnd = random.Random(5)
+    noise = [rnd.gauss(1.0, 0.12) for _ in range(180)]
+    rise = [(10.0 + 10.0 * i / 180) * e for i, e in enumerate(noise)]
+    assert forecast.detect_period(rise, 60.0, 195.0, 0.6) is None
+    wave = [(15.0 + 5.0 * math.sin(2 * math.pi * i / 30)) * e for i, e in enumerate(noise)]
+    found = forecast.detect_period([w + 0.05 * i for i, w in enumerate(wave)], 60.0, 195.0, 0.6)
+    assert found is not None and abs(found.period_s - 1800 * round(found.period_s / 1800)) <= 120  # or a multiple
+
+
+def test_a_short_square_wave_is_found_by_the_noise_within_a_minute() -> None:
+    """A 7-minute square wave, 20 ↔ 50 req/s: four of every seven second differences of its 1-minute rate are
+    its edges, so the noise they read is the pattern itself and nothing recurs above it. The short window
+    against the minute's shows the arrivals' own noise (Poisson here), and the pattern is found and followed:
+    in the trough, replicas for the coming peak."""
+    period = 420
+    rates = tuple(50.0 if (t % period) < period / 2 else 20.0 for t in range(0, 3 * 3600, 60))
+    poisson = tuple(r + (0.5 if i % 2 else -0.5) * math.sqrt(r / 60) for i, r in enumerate(rates))
+    now = rates[:-2]  # the trough: the peak returns within the horizon
+    blind = decide(0.0, m(20.0, rate_history=now, history_step_s=60.0), current=5, ready=5, policy=NO_LIMITS,
+                   history=History())
+    seen = decide(0.0, m(20.0, rate_history=now, short_history=poisson[:-2], history_step_s=60.0), current=5,
+                  ready=5, policy=NO_LIMITS, history=History())
+    assert "season_s" not in blind.details
+    cycles = seen.details["season_s"] / period  # the period, or a multiple of it: the same phase recurs
+    peak = math.ceil(50.0 / (NO_LIMITS.target_qps_per_replica or 0))
+    assert abs(cycles - round(cycles)) < 0.05 and seen.desired == peak > 5 and "the load recurring" in seen.message
+
+
 def test_no_traffic_versus_no_data() -> None:
     """Series present with rate 0 may scale down; an empty result (no series) may not."""
     zero = decide(0.0, m(0.0, inflight=0.0), current=5, ready=5, policy=NO_LIMITS, history=History())
@@ -337,3 +373,34 @@ def test_a_drop_in_bursty_load_never_adds_replicas() -> None:
     at_20, at_5, idle = needed(20.0), needed(5.0), needed(0.1)
     assert at_20 > 20.0 / s.per_replica_rate(12.0)[0]  # bursty: more than Poisson sizing
     assert at_5 < at_20 and idle < 1.0
+
+
+def test_minute_to_minute_changes_of_the_rate_are_not_sized_as_clumps() -> None:
+    """The same 1-minute history (20 req/s, its minute-to-minute noise ±4 req/s, Poisson's √(20/60) ≈ 0.58) is
+    two different services: arrivals in clumps (the burst window's rate moves against the minute's as much as
+    the minutes move: the clumps show at both scales), or users whose rate moves from minute to minute (within
+    a minute the two windows share that rate and differ by Poisson noise only). Only the first needs the
+    replicas a clumped queue needs; the second needs replicas for its busier minutes, as Poisson arrivals."""
+    import random
+
+    from cosyvoice_operator.autoscaling import profile
+
+    rnd = random.Random(11)
+    level, n = 20.0, 120
+    rates = tuple(level + rnd.gauss(0.0, 4.0) for _ in range(n))
+    s = Settings(max_replicas=100, target_p95_ms=2000.0, profile=profile.load("tiny-cpu"))
+    poisson = level / s.per_replica_rate(12.0)[0]
+
+    def decision(short: tuple[float, ...]) -> Decision:
+        return decide(0.0, m(level, audio_s=12.0, rate_history=rates, short_history=short), current=1, ready=1,
+                      policy=s, history=History())
+
+    minute_only = decision(()).details["needed"]
+    # clumps: the short window's rate less the minute's varies by D·λ·(1/30 - 1/60) = D·λ/60, the 1-min rate's
+    # own variance (4²) when the dispersion D is the same at both scales
+    clumped = decision(tuple(r + rnd.gauss(0.0, 4.0) for r in rates)).details["needed"]
+    users = decision(tuple(r + rnd.gauss(0.0, math.sqrt(level / 60)) for r in rates))
+    assert minute_only > 1.5 * poisson and clumped == minute_only
+    # sized for its minutes at the 95th percentile of their ±4 req/s spread, as Poisson arrivals within them
+    assert poisson < users.details["needed"] < (level + 1.645 * 4.0) / s.per_replica_rate(12.0)[0] < minute_only
+    assert "for its minute-to-minute spread" in users.message

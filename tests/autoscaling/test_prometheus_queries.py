@@ -86,9 +86,11 @@ def test_the_forecast_history_is_one_grid_for_rate_and_work_with_gaps_held() -> 
 
     query.range = ranged  # type: ignore[attr-defined]
     m = read(query, queries, lookback_s=600, now=1_800_000_000.0).metrics
-    assert [q for q, _ in asked] == [queries["qps"], queries["audio_rate"]] and asked[0][1] == 60.0
+    assert [q for q, _ in asked] == [queries["qps"], queries["audio_rate"], queries["qps_short"]]
+    assert {step for _, step in asked} == {60.0}
     assert m.rate_history == (0, 1, 2, 3, 3, 5, 6, 7, 8, 9) and m.history_step_s == 60.0
     assert len(m.work_history) == len(m.rate_history) and m.work_history[:3] == (24.0, 24.0, 24.0)
+    assert m.short_history == m.work_history  # the burst window's rate, on the same grid
     assert m.audio_s == 12.0
     # a week of history is fetched at a coarser step: at most 240 samples
     asked.clear()

@@ -4,9 +4,10 @@ Pure Python (the operator's image has no numpy); the series are short (one sampl
 few hours). The history is the service's arrival rate as Prometheus has it
 (``sum(rate(cosyvoice_requests_total[1m]))`` over ``lookbackSeconds``), oldest first, evenly spaced.
 
-* ``detect_period``: the lag with the highest autocorrelation among its local maxima, between
-  ``min_period_s`` and half the history (two whole periods must have been seen). A pattern is used
-  only when its autocorrelation reaches ``min_correlation``: successive periods must look alike.
+* ``detect_period``: the lag with the highest autocorrelation of the series less its linear trend, among
+  its local maxima, between ``min_period_s`` and half the history (two whole periods must have been
+  seen). A pattern is used only when its autocorrelation reaches ``min_correlation``: successive
+  periods must look alike.
 * ``seasonal``: the value one period ago at each future step (seasonal naive), averaged over the
   periods seen, scaled by the level now against the level one period ago (a growing service keeps
   its shape). That is what pre-warms for the next peak and what stops a scale-down from removing
@@ -50,8 +51,13 @@ def detect_period(series: Sequence[float], step_s: float, min_period_s: float, m
     hi = len(series) // 2
     if hi <= lo + 1:
         return None
-    mean = sum(series) / len(series)
-    if sum((v - mean) ** 2 for v in series) / len(series) < 4 * noise_var:
+    # Without its linear trend: a rising or falling series correlates with itself at every lag, and its
+    # noise then makes some lag a local maximum above any threshold (a trend is not a recurring pattern)
+    n = len(series)
+    mid, mean = (n - 1) / 2, sum(series) / n
+    slope = sum((i - mid) * (v - mean) for i, v in enumerate(series)) / sum((i - mid) ** 2 for i in range(n))
+    series = [v - mean - slope * (i - mid) for i, v in enumerate(series)]
+    if sum(v * v for v in series) / n < 4 * noise_var:
         return None
     acf = [_acf(series, lag) for lag in range(lo - 1, hi + 2)]
     best: tuple[float, int] | None = None

@@ -28,8 +28,10 @@ How a decision is made (``decide``):
    ``capacityProfile`` that rate comes from the measured replica (``profile.py``: the Poisson rate at
    which the p95 of response time is ``sizingLatencyRatio × targetP95LatencyMs``, for the mean request
    length now measured, and for the clumps a replica's arrivals come in when the rate history is
-   noisier than Poisson: ``_dispersion``, ``_clump``); ``targetQPSPerReplica`` is used as given (with
-   both, the lower). The count
+   noisier than Poisson: ``_dispersion``, ``_clump``); when the 1-minute rate moves more than the clumps
+   within a minute explain (the burst window's rate against the minute's), the excess is the rate itself
+   moving, and the demand is taken at the 95th percentile of that spread instead.
+   ``targetQPSPerReplica`` is used as given (with both, the lower). The count
    depends on demand only, not on how many replicas exist, so **warming pods count as capacity**.
    ``targetInflightPerReplica`` and ``targetSessionsPerReplica`` (open speech sessions) add counts; the larger wins.
 4. **Tolerance**: a recommendation within ``tolerance`` of the current count is no change (HPA's 0.1),
@@ -199,6 +201,7 @@ class Metrics:
     sessions: float | None = None  # open WebSocket speech sessions (cosyvoice_stream_sessions_open)
     rate_history: tuple[float, ...] = ()  # the rate over the forecast lookback, oldest first, ending now
     work_history: tuple[float, ...] = ()  # the same for seconds of audio per second (the work), when measured
+    short_history: tuple[float, ...] = ()  # the short-window rate at the same instants (burstiness within a minute)
     history_step_s: float = 60.0  # spacing of rate_history and work_history
 
     def season_series(self) -> tuple[float, ...]:
@@ -270,7 +273,12 @@ def _season(now: float, m: Metrics, s: Settings, h: History) -> tuple[float | No
     # counting noise of a rate over RATE_WINDOW_S: λ/T for requests; for audio seconds each request adds its
     # length, so about λ·L²/T = mean · L / T
     unit = (m.audio_s or 1.0) if series is m.work_history else 1.0
-    noise = _noise_var(series, (sum(series) / len(series)) * unit / RATE_WINDOW_S)
+    poisson = (sum(series) / len(series)) * unit / RATE_WINDOW_S
+    # The arrivals' own noise, within a minute where the short window was measured: the second differences of
+    # a short pattern are mostly its edges (a 7-minute square wave has four large ones in seven), and would
+    # read the pattern itself as noise
+    within = _short_dispersion(m)
+    noise = poisson * max(1.0, within) if within is not None else _noise_var(series, poisson)
     found = forecast.detect_period(series, m.history_step_s, s.horizon_s, s.season_min_correlation, noise)
     return (found.period_s if found else None), now
 
@@ -318,24 +326,54 @@ def _noise_var(series: Sequence[float], poisson: float) -> float:
     return max(poisson, second[len(second) // 2] / (6 * CHI2_1_MEDIAN))
 
 
-def _dispersion(m: Metrics, season_s: float | None) -> float:
-    """The index of dispersion of the service's arrivals (variance over mean of the counts; 1: Poisson) that
-    the history shows beyond doubt: the 1-minute rate's noise over Poisson's, from its second differences (a
-    steady rise does not move them; their variance is six times the noise's), by the median of their squares
-    (the few large ones at a step do not move it). A median of n squares is known to about 2.33/√n of itself:
-    the estimate is taken ``ESTIMATE_Z`` of those lower, so Poisson traffic, whose estimate scatters around 1,
-    is sized as Poisson. With a recurring pattern the history's changes are mostly the pattern's (its edges,
-    its cycle-to-cycle variation, the period known to a sample), which no estimate separates from arrival
-    noise: the arrivals are taken as Poisson."""
+def _dispersion(m: Metrics, season_s: float | None) -> tuple[float, float]:
+    """The index of dispersion of the service's arrivals within a minute (variance over mean of the counts; 1:
+    Poisson) that the history shows beyond doubt, and the standard deviation of the 1-minute rate beyond what
+    that explains (the rate itself moving from minute to minute: users, not clumps).
+
+    The 1-minute rate's noise is read from its second differences (a steady rise does not move them; their
+    variance is six times the noise's), by the median of their squares (the few large ones at a step do not
+    move it), taken ``ESTIMATE_Z`` standard errors low (``_lower``), so Poisson traffic, whose estimate scatters
+    around 1, is sized as Poisson. Over the Poisson noise of the level the history was measured at (not the
+    load now: a drop in load would read the same noise as more bursty and add replicas). With a recurring
+    pattern the history's changes are mostly the pattern's (its edges, its cycle-to-cycle variation, the
+    period known to a sample), which no estimate separates from arrival noise: the arrivals are taken as
+    Poisson, and the forecast covers the changes."""
     x = m.rate_history
     if season_s is not None or len(x) < 8:
-        return 1.0
-    squares = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:]))
-    var = squares[len(squares) // 2] / (6 * CHI2_1_MEDIAN) / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
-    # over the Poisson noise of the level the history was measured at (not the load now: a drop in load
-    # would read the same noise as more bursty and add replicas)
-    level = sum(x) / len(x)
-    return max(1.0, var * RATE_WINDOW_S / max(level, 1.0 / RATE_WINDOW_S))
+        return 1.0, 0.0
+    level = max(sum(x) / len(x), 1.0 / RATE_WINDOW_S)
+    minute = _lower(sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:]))) / 6  # the 1-min rate's variance
+    dispersion = minute * RATE_WINDOW_S / level
+    short = _short_dispersion(m)
+    if short is None:
+        return max(1.0, dispersion), 0.0
+    # Within the error of two such estimates the minute's stands (clumps show at both scales); beyond it the
+    # excess is the rate moving, which no replica started now can follow within the minute: a spread of load
+    if dispersion <= short * (1 + ESTIMATE_Z * math.sqrt(2) * 2.33 / math.sqrt(len(x))):
+        return max(1.0, dispersion), 0.0
+    clumps = max(1.0, short)
+    return clumps, math.sqrt(max(0.0, minute - clumps * level / RATE_WINDOW_S))
+
+
+def _short_dispersion(m: Metrics) -> float | None:
+    """The index of dispersion within a minute (None: no short-window history). Minute-to-minute changes of the
+    rate itself read the same at one minute as clumps do; within a minute they cancel: the short window's rate
+    less the minute's, which share that rate, varies by the clumps alone. Its Poisson variance is the level
+    times 1/short - 1/long (nested windows)."""
+    x = m.rate_history
+    if len(x) < 8 or len(m.short_history) != len(x):
+        return None
+    level = max(sum(x) / len(x), 1.0 / RATE_WINDOW_S)
+    return _lower(sorted((s - r) ** 2 for s, r in zip(m.short_history, x))) / \
+        (level * (1 / SHORT_WINDOW_S - 1 / RATE_WINDOW_S))
+
+
+def _lower(squares: Sequence[float]) -> float:
+    """The variance behind sorted squared normal deviations, by the median of the squares over a chi-square's
+    (robust to the few large ones at a step), taken ``ESTIMATE_Z`` standard errors low (the median of n squares
+    is known to about 2.33/√n of itself)."""
+    return squares[len(squares) // 2] / CHI2_1_MEDIAN / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
 
 
 def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_s: float | None) -> float:
@@ -343,7 +381,7 @@ def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_
     dispersion shared out by random routing. The replicas depend on the clump and the clump on the replicas:
     the fewest replicas n that take the demand with the clump of n (what n replicas need falls as n grows,
     so that is where the two cross; found by doubling, then bisection)."""
-    dispersion = _dispersion(m, season_s) if s.profile is not None and demand > 0 else 1.0
+    dispersion = _dispersion(m, season_s)[0] if s.profile is not None and demand > 0 else 1.0
     if dispersion <= 1.0:
         return 1.0
 
@@ -396,6 +434,12 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
     per_replica, source = s.per_replica_rate(length)
     if per_replica and m.arrival_qps is not None:
         demand, which = _demand(m, s, after_burst, season_s)
+        spread = _dispersion(m, season_s)[1] if s.profile is not None else 0.0
+        if spread > 0:
+            # the minute's rate moves by more than its arrivals' noise: size for the minutes at its 95th percentile,
+            # as the objective is each minute's p95
+            demand += profiles.Z95 * spread
+            which += f" + {profiles.Z95 * spread:.1f} for its minute-to-minute spread"
         clump = _clump(m, s, demand, length, season_s)
         per_replica, source = s.per_replica_rate(length, clump)
         assert per_replica

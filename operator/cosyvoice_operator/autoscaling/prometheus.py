@@ -203,13 +203,17 @@ def read(query: Query, queries: dict[str, str], lookback_s: float = 0.0, now: fl
         try:
             points = ranged(queries["qps"], start, end, step)
             work = ranged(queries["audio_rate"], start, end, step) if points else {}
+            # the burst window's rate at the same instants: what of the minute's noise is clumps (policy._dispersion)
+            short = ranged(queries["qps_short"], start, end, step) if points else {}
         except QueryFailed:
-            points, work = {}, {}  # the forecast is a refinement too: without history, the policy reacts
+            points, work, short = {}, {}, {}  # the forecast is a refinement too: without history, the policy reacts
         if points:
             t0, n = min(points), round((max(points) - min(points)) / step) + 1
             values["rate_history"] = _regular(points, step, t0, n)
             if work:
                 values["work_history"] = _regular(work, step, t0, n)
+            if short:
+                values["short_history"] = _regular(short, step, t0, n)
             values["history_step_s"] = step
     return Reading(Metrics(**values), queries)
 

@@ -48,7 +48,8 @@ class SimConfig:
         for name, (least, strict) in BOUNDS.items():
             value = getattr(self, name)
             if value < least or (strict and value == least):
-                raise ValueError(f"--{name.replace('_', '-')} must be {'>' if strict else '≥'} {least:g} (got {value:g})")
+                flag, relation = name.replace("_", "-"), ">" if strict else "≥"
+                raise ValueError(f"--{flag} must be {relation} {least:g} (got {value:g})")
         if self.minutes * 60 > MAX_TRACE_S:
             raise ValueError(f"--minutes must be ≤ {MAX_TRACE_S // 60} (got {self.minutes:g})")
         if self.max_replicas < self.min_replicas:
@@ -81,7 +82,8 @@ def add_arguments(ap: Any) -> None:
                      help="export --query over --range from Prometheus as a trace, then replay it")
     ap.add_argument("--set", choices=("tuning", "heldout"), default="heldout",
                     help="parameter ranges and seeds of generated traces (default heldout)")
-    ap.add_argument("--seeds", type=_at_least_one, default=10, help="traces per family, from the set's seeds (default 10)")
+    ap.add_argument("--seeds", type=_at_least_one, default=10,
+                    help="traces per family, from the set's seeds (default 10)")
     ap.add_argument("--outage", action="append", default=[], metavar="START:END",
                     help="seconds of the trace during which the service's metrics vanish (repeatable)")
     ap.add_argument("--query", default="sum(rate(cosyvoice_requests_total[1m]))",

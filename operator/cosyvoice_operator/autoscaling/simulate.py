@@ -212,6 +212,7 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
         growth_short = (infl[-1] - infl_short) / max(1, last - short)
         history: tuple[float, ...] = ()
         work: tuple[float, ...] = ()
+        shorts: tuple[float, ...] = ()
         step = 60.0
         if lookback > 0:
             # the 1-minute rates, one sample a minute (coarser for long lookbacks), as a range query returns them
@@ -219,13 +220,15 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
             ends = np.arange(last, max(window, last - int(lookback)) - 1, -int(step))[::-1]
             cum = np.concatenate([[0.0], np.cumsum(done[:last + 1])])
             history = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
+            short_w = 2 * int(cfg.scrape_s)  # the burst window, as qps_short
+            shorts = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - short_w]) / short_w)
             cum = np.concatenate([[0.0], np.cumsum(audio_done[:last + 1])])
             work = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
         return Observation(len(live), ready, Metrics(qps=qps, inflight=infl[-1], inflight_growth=growth,
                                                      qps_short=qps_short, qps_slope=slope,
                                                      inflight_growth_short=growth_short, audio_s=audio_s,
                                                      sessions=open_sessions(last),
-                                                     rate_history=history, work_history=work,
+                                                     rate_history=history, work_history=work, short_history=shorts,
                                                      history_step_s=step,
                                                      p95_ms=p95 * 1000 if not math.isnan(p95) else None))
 
