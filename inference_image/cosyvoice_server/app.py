@@ -54,6 +54,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
             await asyncio.to_thread(state.scheduler.stop)
         if state.extraction:
             state.extraction.close()
+        if state.text:
+            state.text.close()
 
     # No trailing-slash redirects: Starlette builds their Location from the client's Host header.
     # The documents are added below, behind the API key.

@@ -117,6 +117,12 @@ class TextFrontend:
         self.hard_max = max(hard_max_tokens, max_tokens_per_segment)
         self._lock = threading.Lock()
 
+    @classmethod
+    def of_model(cls, model_dir: Path, spec) -> TextFrontend:
+        """The frontend a model directory's manifest (`spec`: its `frontend` section) describes."""
+        return cls(model_dir / spec.tokenizer, spec.max_text_tokens_per_segment, spec.min_text_tokens_per_segment,
+                   spec.merge_text_tokens, spec.text_frontend)
+
     @cached_property
     def _normalizers(self):
         from inflect import engine

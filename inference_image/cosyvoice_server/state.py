@@ -8,6 +8,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .api.schemas import SpeechRequest
 from .config import Settings
 from .engine.pipeline import Pipeline, Voice
@@ -18,6 +20,7 @@ from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
 from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .streaming import ChunkPlanner
 from .streamtext import StreamTokenizer
+from .text_workers import TextWorkers
 from .voices.store import PromptCache, VoiceStore
 from .voices.worker import ExtractionPool
 
@@ -64,6 +67,7 @@ class ServerState:
     voice_store: VoiceStore | None = None
     prompt_cache: PromptCache | None = None
     extraction: ExtractionPool | None = None  # voice feature extraction, while registration is allowed
+    text: TextWorkers | None = None  # request text normalization, once loaded
 
     @property
     def model_id(self) -> str:
@@ -87,13 +91,15 @@ class ServerState:
             self.metrics.registered_voices.set_function(self.voice_store.count)
         if s.allow_voice_registration:
             self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency)
+        self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20))), self.metrics)
         self.scheduler.start()
 
     async def warm_up(self) -> None:
         """One real synthesis through every stage, so the first user request pays no lazy init."""
-        req = self.new_request(SpeechRequest(model=self.model_id, input=WARMUP_TEXT, seed=0))
+        req = self.new_request(SpeechRequest(model=self.model_id, input=WARMUP_TEXT, seed=0), None,
+                               await self.text_segments(WARMUP_TEXT))
         # Not bound by --request-timeout-s: an expired request is dropped without a Done, which would
         # leave start-up waiting forever on a slow device; the startup probe bounds start-up instead.
         req.deadline = math.inf
@@ -125,8 +131,15 @@ class ServerState:
     def _count_lookup(self, hit: bool) -> None:
         self.metrics.voice_cache_lookups.labels("hit" if hit else "miss").inc()
 
-    def new_request(self, body: SpeechRequest, voice: Voice | None = None) -> SynthesisRequest:
-        """`voice`: as `find_voice` resolved it; None looks the request's voice up among the bundled ones."""
+    async def text_segments(self, text: str) -> list[np.ndarray]:
+        """The input's LLM segments, computed in a text worker process: normalizing a long input takes up to
+        a second of CPU under the GIL, which on the event loop would hold up every other request."""
+        return await self.text.segments(text)
+
+    def new_request(self, body: SpeechRequest, voice: Voice | None = None,
+                    segments: list[np.ndarray] | None = None) -> SynthesisRequest:
+        """`voice`: as `find_voice` resolved it; None looks the request's voice up among the bundled ones.
+        `segments`: the input's, from `text_segments`; None computes them here, on the calling thread."""
         p = self.pipeline
         m = p.manifest
         st = m.streaming
@@ -135,7 +148,8 @@ class ServerState:
             voice = instruct(voice, body.instructions, p.frontend)
         # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.
         chunked = body.stream and body.speed == 1.0
-        segments = p.frontend.segments(body.input)
+        if segments is None:
+            segments = p.frontend.segments(body.input)
         return SynthesisRequest(
             segments=segments,
             voice=voice,

@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
@@ -42,7 +43,8 @@ _ERRORS = {
     413: "The request body is over the server's limit",
     429: "The server is full; `Retry-After` says when to retry",
     500: "Synthesis failed on the server",
-    503: "The model is loading, the server is draining, or its drain timeout cut the request off; `Retry-After` says when to retry",
+    503: "The model is loading, the server is draining, its drain timeout cut the request off, or a worker process "
+         "stopped and was restarted; `Retry-After` says when to retry",
     504: "Synthesis did not finish within the request timeout",
 }
 
@@ -179,7 +181,13 @@ async def create_speech(request: Request) -> Response:
         body = _parse(await _read_body(request, s.settings.max_body_bytes), s)
         voice = await _voice(s, body)
         try:
-            req = s.new_request(body, voice)
+            segments = await s.text_segments(body.input)
+        except BrokenProcessPool:
+            raise APIError(503, "The text normalization process stopped (see the server log); it has been restarted: "
+                           "retry.", type="server_error", code="text_worker_unavailable",
+                           headers={"Retry-After": "1"}) from None
+        try:
+            req = s.new_request(body, voice, segments)
         except InstructionError as exc:
             raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
         if not req.segments:

@@ -139,9 +139,7 @@ class Pipeline:
         if self.precision != "fp32":
             validate_model_dir(model_dir, self.precision)
         p = self.precision
-        f = m.frontend
-        self.frontend = TextFrontend(model_dir / f.tokenizer, f.max_text_tokens_per_segment, f.min_text_tokens_per_segment,
-                                     f.merge_text_tokens, f.text_frontend)
+        self.frontend = TextFrontend.of_model(model_dir, m.frontend)
         emb = _load_npz(model_dir / m.llm.embeddings, ("text_embedding", "speech_embedding", "llm_embedding"))
         self.llm = LLMEngine(self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
         self.flow = FlowEngine(self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),

@@ -22,14 +22,12 @@ the child keeps to what they leave:
   (A `spawn` pool starts its workers on demand, the second one during the second concurrent registration,
   at the server's priority while it imports; so all are started at once, up front.)
 
-The pool uses `spawn` (the server process runs threads and ONNX Runtime sessions: forking it is unsafe).
+The pool is started whole before the server is ready (procpool.py).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -38,7 +36,8 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from ..engine.pipeline import Voice
 from ..frontend import TextFrontend
-from ..model.manifest import ModelLoadError, validate_model_dir
+from ..model.manifest import validate_model_dir
+from ..procpool import start_pool
 from .features import PromptEncoder
 
 # Where SCHED_IDLE is refused (not Linux, or a seccomp profile that forbids it): the lowest priority.
@@ -72,10 +71,7 @@ def _init(model_dir: str) -> None:
         _background()
         threadpool_limits(THREADS)
         m = validate_model_dir(Path(model_dir), "fp32")
-        f = m.frontend
-        frontend = TextFrontend(Path(model_dir) / f.tokenizer, f.max_text_tokens_per_segment,
-                                f.min_text_tokens_per_segment, f.merge_text_tokens, f.text_frontend)
-        _encoder = PromptEncoder(Path(model_dir), m, frontend, threads=THREADS)
+        _encoder = PromptEncoder(Path(model_dir), m, TextFrontend.of_model(Path(model_dir), m.frontend), threads=THREADS)
         # One extraction now: the text normalizers and the sessions load before the server is ready, not
         # during the first registration (at this priority, on a busy CPU, that would take a minute).
         t = np.arange(24000) / 16000
@@ -115,21 +111,8 @@ class ExtractionPool:
 
     def _start(self) -> ProcessPoolExecutor:
         """Starts every worker and waits for their encoders, so a model that cannot clone fails at start-up."""
-        pool = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-                                   initargs=(self.model_dir,))
-        # A spawn pool starts a worker per call submitted while none is idle, so `size` calls at once start
-        # them all; a worker answers once its initializer is done, but a quick one may answer for a slow one.
-        answers: dict[int, str | None] = {}
-        while len(answers) < self.size:
-            before = len(answers)
-            answers |= dict(f.result() for f in [pool.submit(_ready) for _ in range(self.size - len(answers))])
-            if len(answers) == before:
-                time.sleep(0.1)
-        problem = next((error for error in answers.values() if error is not None), None)
-        if problem is not None:
-            pool.shutdown(cancel_futures=True)
-            raise ModelLoadError(f"voice registration cannot start its feature extraction: {problem}")
-        return pool
+        return start_pool(self.size, _init, (self.model_dir,), _ready,
+                          "voice registration cannot start its feature extraction")
 
     def extract(self, audio: np.ndarray, sample_rate: int, transcript: str | None, name: str) -> Voice:
         from concurrent.futures.process import BrokenProcessPool

@@ -1,0 +1,148 @@
+"""Request text is normalized in worker processes: a long input holds up neither the event loop (probes,
+other requests' audio) nor other requests' text, the segments are the in-process frontend's, and a
+client that hangs up while its text is normalized leaves nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from cosyvoice_server.api.schemas import MAX_INPUT_CHARS
+from cosyvoice_server.config import BUNDLED_MODEL
+from cosyvoice_server.frontend import TextFrontend
+from cosyvoice_server.model.manifest import load_manifest
+from cosyvoice_server.text_workers import TextWorkers
+
+# About a second of wetext on one core: numbers, dates and times in every sentence.
+LONG = ("In 2024, 3 cats ate 12.5 kg of food on 3/4/2024 at 10:30am. " * 80)[:MAX_INPUT_CHARS]
+TEXTS = [
+    "I have 3 cats and 12 dogs",
+    "今天是2024年1月3日，气温是25度。",
+    "He said \"stop.\" Then 2 more ran away! Why? Because 3.5 kg.",
+    "word " * 600,  # no punctuation: cut at the hard maximum
+    "?!",  # punctuation only: nothing to say
+    "\x01\x02 \t ",  # control characters and blanks only
+    LONG,
+]
+
+
+@pytest.fixture(scope="module")
+def frontend_spec():
+    return load_manifest(BUNDLED_MODEL).frontend
+
+
+def test_worker_segments_are_the_in_process_frontends(frontend_spec):
+    local = TextFrontend.of_model(BUNDLED_MODEL, frontend_spec)
+    workers = TextWorkers(BUNDLED_MODEL, frontend_spec, 1)
+    try:
+        async def all_texts():
+            return await asyncio.gather(*[workers.segments(t) for t in TEXTS])
+
+        for text, got in zip(TEXTS, asyncio.run(all_texts())):
+            want = local.segments(text)
+            assert [s.tolist() for s in got] == [s.tolist() for s in want], text[:40]
+            assert all(s.dtype == np.int64 for s in got)
+    finally:
+        workers.close()
+
+
+def test_a_worker_that_dies_is_replaced(frontend_spec):
+    from concurrent.futures.process import BrokenProcessPool
+
+    workers = TextWorkers(BUNDLED_MODEL, frontend_spec, 1)
+    try:
+        async def kill_then_retry():
+            pid = next(iter(workers.pool._processes))
+            import os
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(BrokenProcessPool):
+                await workers.segments("Killed while waiting.")
+            return await workers.segments("I have 3 cats.")
+
+        assert [s.tolist() for s in asyncio.run(kill_then_retry())]
+    finally:
+        workers.close()
+
+
+def _metric(text: str, name: str, code: str) -> float:
+    m = re.search(rf'^{name}{{code="{code}"}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture(scope="module")
+def short_audio_server(server_process, tmp_path_factory):
+    """A long input is refused (400 input_too_long) right after its text is normalized: no synthesis
+    follows, so what the long request costs is its normalization alone."""
+    s = server_process(tmp_path_factory.mktemp("textloop"), "--max-audio-seconds", "1").wait_ready()
+    yield s
+    s.stop()
+
+
+async def _during_long_input(url: str, probe) -> tuple[float, list[float]]:
+    """(seconds the long input took, each probe's latency while it was being normalized)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async def long_input():
+            t0 = time.perf_counter()
+            r = await client.post("/v1/audio/speech", json={"model": "tts-1", "input": LONG})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "input_too_long", r.text
+            return time.perf_counter() - t0
+
+        task = asyncio.create_task(long_input())
+        await asyncio.sleep(0.05)  # the long request is read and its text handed over
+        latencies = []
+        while not task.done():
+            t0 = time.perf_counter()
+            await probe(client)
+            latencies.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.01)
+        return await task, latencies
+
+
+def test_a_long_input_does_not_stall_probes_or_other_requests(short_audio_server):
+    async def healthz(client):
+        assert (await client.get("/healthz")).status_code == 200
+
+    async def unspeakable(client):  # normalized too, by the other worker
+        r = await client.post("/v1/audio/speech", json={"model": "tts-1", "input": "?!"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {"message": "The input has no speakable text after normalization.",
+                                     "type": "invalid_request_error", "param": "input", "code": "invalid_value"}
+
+    for probe in (healthz, unspeakable):
+        took, latencies = asyncio.run(_during_long_input(short_audio_server.url, probe))
+        assert took > 0.2, "the long input is normalized too fast to tell a stalled loop from a free one"
+        # On the event loop, the probe sent while the text is normalized waits for all of it.
+        assert max(latencies) < 0.5 * took, (probe.__name__, took, latencies)
+        assert len(latencies) >= 3
+
+
+def test_a_client_that_hangs_up_while_its_text_is_normalized_leaves_no_request(server_process, tmp_path):
+    # One slot (batch 1, no queue); room for the long input's audio, so it is accepted once normalized.
+    s = server_process(tmp_path, "--max-queue-size", "0", "--max-batch-size", "1",
+                       "--max-audio-seconds", "3600").wait_ready()
+    try:
+        before = _metric(s.metrics(), "cosyvoice_requests_total", "499")
+        body = httpx.Request("POST", s.url + "/v1/audio/speech",
+                             json={"model": "tts-1", "input": LONG.replace("1", "2")}).content
+        with socket.create_connection(("127.0.0.1", s.port)) as sock:
+            sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.1)  # its text is in a worker now
+        deadline = time.monotonic() + 30
+        while _metric(s.metrics(), "cosyvoice_requests_total", "499") == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _metric(s.metrics(), "cosyvoice_requests_total", "499") == before + 1
+        assert httpx.get(s.url + "/readyz").json()["inflight"] == 0
+        # The only slot is free: a request is served, not refused with 429.
+        r = httpx.post(s.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Still here."}, timeout=60)
+        assert r.status_code == 200 and r.content
+    finally:
+        s.stop()
