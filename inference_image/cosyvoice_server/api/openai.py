@@ -156,8 +156,11 @@ async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | 
         remaining = req.deadline - time.monotonic()
         if remaining <= 0:
             raise _Timeout
+        # Not asyncio.wait_for: on Python 3.11 it returns a chunk that arrives in the same loop turn as the
+        # task's cancel and drops the cancel (the chunk stays queued if the cancel wins instead).
         try:
-            return await asyncio.wait_for(req.out.get(), timeout=min(remaining, 0.25) if request else remaining)
+            async with asyncio.timeout(min(remaining, 0.25) if request else remaining):
+                return await req.out.get()
         except TimeoutError:
             continue
 
