@@ -16,10 +16,10 @@ from .model.manifest import ModelLoadError
 
 
 def start_pool(size: int, initializer: Callable, initargs: tuple, ready: Callable[[], tuple[int, str | None]],
-               what: str) -> ProcessPoolExecutor:
-    """`size` started workers. `ready` (a module-level function) answers in a worker with its pid and the
-    error its initializer caught (None if none); any error stops start-up with ModelLoadError saying `what`
-    could not start and why."""
+               what: str) -> tuple[ProcessPoolExecutor, list[int]]:
+    """`size` started workers and their pids. `ready` (a module-level function) answers in a worker with its
+    pid and the error its initializer caught (None if none); any error stops start-up with ModelLoadError
+    saying `what` could not start and why."""
     pool = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"), initializer=initializer,
                                initargs=initargs)
     # A spawn pool starts a worker per call submitted while none is idle, so `size` calls at once start
@@ -34,4 +34,4 @@ def start_pool(size: int, initializer: Callable, initargs: tuple, ready: Callabl
     if problem is not None:
         pool.shutdown(cancel_futures=True)
         raise ModelLoadError(f"{what}: {problem}")
-    return pool
+    return pool, list(answers)

@@ -25,6 +25,10 @@ from .procpool import start_pool
 
 log = logging.getLogger(__name__)
 
+# Texts longer than this (about 0.1 s of normalization on one core) take at most all workers but one, so
+# that a short text never waits behind long ones for a worker.
+LONG_TEXT_CHARS = 512
+
 WARM_UP = ("Warm-up at 10:30, 3 items.", "预热于2024年1月3日。")
 
 _frontend: TextFrontend | None = None
@@ -50,6 +54,13 @@ def _segments(text: str) -> list[np.ndarray]:
     return _frontend.segments(text)
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, fn) -> None:
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the loop has closed (the server stopped): nobody waits any more
+        pass
+
+
 class TextWorkers:
     """`size` worker processes computing `TextFrontend.segments` of the model in `model_dir` (`spec`: its
     manifest's frontend section)."""
@@ -59,17 +70,30 @@ class TextWorkers:
         self.size = size
         self.pool = self._start()
         self._restart = asyncio.Lock()
+        self._long = asyncio.Semaphore(max(1, size - 1))
 
     def _start(self) -> ProcessPoolExecutor:
-        return start_pool(self.size, _init, self._args, _ready, "the text normalization workers cannot start")
+        return start_pool(self.size, _init, self._args, _ready, "the text normalization workers cannot start")[0]
 
     async def segments(self, text: str) -> list[np.ndarray]:
         """The text's LLM segments. Cancelling the caller drops a call that has not started; one that has
         finishes in its worker and its result is discarded (nothing is held for it). BrokenProcessPool when
         a worker died (killed for memory, say): fresh workers are started for the texts after it."""
+        loop = asyncio.get_running_loop()
+        long = len(text) > LONG_TEXT_CHARS and self.size > 1
+        if long:
+            await self._long.acquire()
         pool = self.pool
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, _segments, text)
+            try:
+                work = pool.submit(_segments, text)
+            except BaseException:
+                if long:
+                    self._long.release()
+                raise
+            if long:  # held until its worker is done with it, even when the caller has given up
+                work.add_done_callback(lambda _: _call_soon(loop, self._long.release))
+            return await asyncio.wrap_future(work)
         except BrokenProcessPool:
             async with self._restart:  # every call on the broken pool fails; the first one replaces it
                 if self.pool is pool:
