@@ -53,6 +53,10 @@ class Settings(BaseModel):
                                         "(413 beyond, refused before it is read whole)")
     voice_registration_concurrency: int = Field(1, ge=1, le=64, description="voice registrations extracting features at "
                                                 "once, each in a worker process at a lower CPU priority; more get 429")
+    voice_registration_timeout_s: float = Field(60.0, gt=0, le=3600, description="a voice registration not "
+                                                "extracted within this long of its upload arriving (waiting for a "
+                                                "worker included) gets 503 with Retry-After and nothing is stored; "
+                                                "its worker is replaced")
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clips import encode, speech_like, wav
-from voicekit import ADMIN, SYNTH, register, tree
+from voicekit import ADMIN, SYNTH, extraction_workers, policies, register, tree
 
 SCHED_IDLE = 5  # Linux's policy number (os.SCHED_IDLE)
 SENTENCE = "Registered voices speak any text."
@@ -202,54 +202,28 @@ def test_registration_metrics(replica_a, alice):
     assert float(cache.split()[1]) > 0
 
 
-def _stat(pid: int | str) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and int(_stat(p.name)[1]) == pid:
-                kids.append(int(p.name))
-        except FileNotFoundError:  # a process that ended meanwhile
-            pass
-    return kids
-
-
-def _policies(pid: int) -> set[tuple[int, int]]:
-    """(scheduling policy, nice) of every thread of a process (proc(5) fields 41 and 19)."""
-    return {(int(_stat(f"{pid}/task/{t.name}")[38]), int(_stat(f"{pid}/task/{t.name}")[16]))
-            for t in Path(f"/proc/{pid}/task").iterdir()}
-
-
-def _extraction_workers(server: int) -> list[int]:
-    return [k for k in _children(server) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
-            and _policies(k) != _policies(server)]
-
-
 def test_extraction_runs_in_a_background_child_process(replica_a, alice):
     from cosyvoice_server.voices.worker import FALLBACK_NICE
 
     server = replica_a.proc.pid
-    workers = _extraction_workers(server)
+    workers = extraction_workers(server)
     # one worker (the default concurrency), every thread of it (its BLAS threads too) in the background;
     # the server's own threads keep the ordinary policy and priority
     assert len(workers) == 1, workers
-    threads = _policies(workers[0])
+    threads = policies(workers[0])
     assert {policy for policy, _ in threads} == {SCHED_IDLE} or threads == {(0, FALLBACK_NICE)}
-    assert {policy for policy, _ in _policies(server)} == {0}
+    assert {policy for policy, _ in policies(server)} == {0}
 
 
 def test_a_killed_extraction_worker_is_replaced(replica_a):
     server = replica_a.proc.pid
-    [worker] = _extraction_workers(server)
+    [worker] = extraction_workers(server)
     os.kill(worker, signal.SIGKILL)
     r = register(replica_a.url, "after-crash", wav(5.0, 48000), transcript="Hello again.")
     error_of(r, 503, "registration_unavailable", None)
     assert r.headers["retry-after"] == "1"
     r = register(replica_a.url, "after-crash", wav(5.0, 48000), transcript="Hello again.")
     assert r.status_code == 201, r.text
-    [replacement] = _extraction_workers(server)
+    [replacement] = extraction_workers(server)
     assert replacement != worker
     httpx.delete(f"{replica_a.url}/v1/audio/voices/after-crash", headers=ADMIN)

@@ -32,3 +32,30 @@ def register(url: str, name: str | None, audio: bytes | None, filename: str = "c
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under a store and its bytes: what 'the store is unchanged' compares."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _stat(pid: int | str) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and int(_stat(p.name)[1]) == pid:
+                kids.append(int(p.name))
+        except FileNotFoundError:  # a process that ended meanwhile
+            pass
+    return kids
+
+
+def policies(pid: int) -> set[tuple[int, int]]:
+    """(scheduling policy, nice) of every thread of a process (proc(5) fields 41 and 19)."""
+    return {(int(_stat(f"{pid}/task/{t.name}")[38]), int(_stat(f"{pid}/task/{t.name}")[16]))
+            for t in Path(f"/proc/{pid}/task").iterdir()}
+
+
+def extraction_workers(server: int) -> list[int]:
+    """The server's child processes that run in the background (the text workers run at its own priority)."""
+    return [k for k in _children(server) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
+            and policies(k) != policies(server)]

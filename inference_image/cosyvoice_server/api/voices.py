@@ -8,7 +8,8 @@
 Registering and deleting need `--allow-voice-registration` and, when a registration key is configured,
 that key (the synthesis key is refused with 403). Feature extraction runs in worker processes at a lower
 CPU priority (voices/worker.py), never on the event loop or beside the stage threads under one GIL; when
-every worker is busy a registration gets 429 at once.
+every worker is busy a registration gets 429 at once. A registration not extracted within the server's
+`voice_registration_timeout_s` (synthesis takes the CPU first) gets 503 and its worker is replaced.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..state import ServerState
 from ..voices import clip
 from ..voices.features import ClipError
 from ..voices.store import NAME_PATTERN, VoiceExists, VoiceRecord, valid_name
+from ..voices.worker import ExtractionTimeout
 from .auth import require_api_key
 from .errors import APIError
 from .openai import ready_or_503, state_of
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 MAX_TRANSCRIPT_CHARS = 2048
 # Room for the multipart boundaries, headers and the text fields around the file.
 FORM_OVERHEAD_BYTES = 64 * 1024
+# After a registration timed out: its worker is being replaced (a few seconds), and the CPU was saturated.
+TIMEOUT_RETRY_AFTER_S = 10
 
 
 def _errors(**described: str) -> dict[int | str, dict]:
@@ -141,7 +145,9 @@ async def delete_voice(request: Request, name: str) -> JSONResponse:
         e409="The name is taken (by a registered or a bundled voice)",
         e413="The upload is over the server's limit",
         e415="The body is not multipart/form-data",
-        e429="Every registration slot is busy; `Retry-After` says when to retry")},
+        e429="Every registration slot is busy; `Retry-After` says when to retry",
+        e503="The model is loading, the server is draining, the extraction process stopped, or the voice was not "
+             "extracted within the server's registration timeout (nothing stored); `Retry-After` says when to retry")},
 )
 async def register_voice(request: Request) -> JSONResponse:
     s = state_of(request)
@@ -156,8 +162,9 @@ async def register_voice(request: Request) -> JSONResponse:
             raise APIError(429, f"{pool.busy} voice registration(s) are already extracting features on this replica; "
                            "retry shortly.", type="rate_limit_error", code="registration_busy", headers={"Retry-After": "1"})
         pool.busy += 1
+        deadline = time.monotonic() + s.settings.voice_registration_timeout_s
         try:
-            rec = await asyncio.to_thread(_register, s, name, upload, transcript)
+            rec = await asyncio.to_thread(_register, s, name, upload, transcript, deadline)
         finally:
             pool.busy -= 1
     except APIError as exc:
@@ -244,19 +251,26 @@ async def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
     return name, upload, transcript
 
 
-def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None) -> VoiceRecord:
-    """Decodes, extracts and stores one voice (in a registration thread). Any failure leaves the store as it was."""
+def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None, deadline: float) -> VoiceRecord:
+    """Decodes, extracts (by `deadline`, time.monotonic()) and stores one voice (in a registration thread).
+    Any failure leaves the store as it was."""
     upload.file.seek(0)
     data = upload.file.read()
     try:
         c = clip.decode(data, upload.filename, upload.content_type)
-        voice = s.extraction.extract(c.audio, c.sample_rate, transcript, name)
+        voice = s.extraction.extract(c.audio, c.sample_rate, transcript, name, deadline)
     except (clip.ClipRejected, ClipError) as exc:
         raise APIError(400, getattr(exc, "message", str(exc)), param=getattr(exc, "param", "audio"),
                        code=getattr(exc, "code", "invalid_audio")) from None
+    except ExtractionTimeout:
+        limit = s.settings.voice_registration_timeout_s
+        log.warning("voice %s: not extracted within %g s; nothing stored", name, limit)
+        raise APIError(503, f"The voice could not be extracted within {limit:g} s: the server's CPU is busy with "
+                       "synthesis, which comes first. Nothing was stored; retry later.", type="server_error",
+                       code="registration_timeout", headers={"Retry-After": str(TIMEOUT_RETRY_AFTER_S)}) from None
     except BrokenProcessPool:
-        raise APIError(503, "The voice feature extraction process stopped (see the server log); it has been "
-                       "restarted: retry.", type="server_error", code="registration_unavailable",
+        raise APIError(503, "The voice feature extraction process stopped (see the server log); a fresh one is "
+                       "starting: retry.", type="server_error", code="registration_unavailable",
                        headers={"Retry-After": "1"}) from None
     rec = VoiceRecord(name=name, mode="zero_shot" if transcript else "cross_lingual", transcript=transcript,
                       created_at=int(time.time()), model=s.pipeline.manifest.name,

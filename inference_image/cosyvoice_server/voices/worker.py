@@ -27,8 +27,16 @@ The pool is started whole before the server is ready (procpool.py).
 
 from __future__ import annotations
 
+import logging
+import math
 import os
-from concurrent.futures import ProcessPoolExecutor
+import queue
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +48,13 @@ from ..model.manifest import validate_model_dir
 from ..procpool import start_pool
 from .features import PromptEncoder
 
+log = logging.getLogger(__name__)
+
 # Where SCHED_IDLE is refused (not Linux, or a seccomp profile that forbids it): the lowest priority.
 FALLBACK_NICE = 19
 # The encoders' ONNX Runtime sessions and numpy's BLAS: one thread each, one core at most.
 THREADS = 1
+RESTART_RETRY_S = 5.0  # between attempts to start a replacement worker that failed to start
 
 _encoder: PromptEncoder | None = None
 _error: str | None = None
@@ -100,28 +111,106 @@ def _extract(audio: np.ndarray, sample_rate: int, transcript: str | None, name: 
     return _encoder.extract(audio, sample_rate, transcript, name=name)
 
 
+class ExtractionTimeout(Exception):
+    """No worker was free, or the extraction did not finish, by the registration's deadline."""
+
+
+@dataclass(frozen=True, eq=False)
+class _Slot:
+    pool: ProcessPoolExecutor  # of one worker
+    pid: int
+
+
 class ExtractionPool:
-    """`size` worker processes; `extract` blocks (call it from a thread)."""
+    """`size` worker processes, each in a pool of its own, so that one whose extraction overruns its
+    deadline (starved under SCHED_IDLE on a saturated CPU, or stuck) is killed and replaced without
+    touching the others. `extract` blocks (call it from a thread)."""
 
     def __init__(self, model_dir: Path, size: int) -> None:
         self.model_dir = str(model_dir)
         self.size = size
         self.busy = 0  # extractions running or waiting for a worker (counted on the event loop)
-        self.pool = self._start()
+        self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._slots: set[_Slot] = set()  # every live worker, free or busy
+        self._lock = threading.Lock()
+        self._closed = False
+        # All at once, and every one warm before the server is ready: a model that cannot clone fails here.
+        with ThreadPoolExecutor(size) as starting:
+            started = [starting.submit(self._start) for _ in range(size)]
+        if problem := next((f.exception() for f in started if f.exception() is not None), None):
+            for f in started:
+                if f.exception() is None:
+                    f.result().pool.shutdown(wait=False, cancel_futures=True)
+            raise problem
+        for f in started:
+            self._add(f.result())
 
-    def _start(self) -> ProcessPoolExecutor:
-        """Starts every worker and waits for their encoders, so a model that cannot clone fails at start-up."""
-        return start_pool(self.size, _init, (self.model_dir,), _ready,
-                          "voice registration cannot start its feature extraction")
+    def _start(self) -> _Slot:
+        pool, [pid] = start_pool(1, _init, (self.model_dir,), _ready,
+                                 "voice registration cannot start its feature extraction")
+        return _Slot(pool, pid)
 
-    def extract(self, audio: np.ndarray, sample_rate: int, transcript: str | None, name: str) -> Voice:
-        from concurrent.futures.process import BrokenProcessPool
+    def _add(self, slot: _Slot) -> None:
+        with self._lock:
+            if self._closed:
+                slot.pool.shutdown(wait=False, cancel_futures=True)
+                return
+            self._slots.add(slot)
+        self._free.put(slot)
 
+    def extract(self, audio: np.ndarray, sample_rate: int, transcript: str | None, name: str,
+                deadline: float = math.inf) -> Voice:
+        """The voice, once a worker is free and has extracted it, by `deadline` (time.monotonic()) or
+        ExtractionTimeout. A worker that overran it, or died (BrokenProcessPool), is replaced in the background."""
         try:
-            return self.pool.submit(_extract, audio, sample_rate, transcript, name).result()
-        except BrokenProcessPool:  # a worker died (killed for memory, say): start fresh ones for the next call
-            self.pool = self._start()
+            slot = self._free.get(timeout=None if deadline == math.inf else max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise ExtractionTimeout from None
+        if time.monotonic() >= deadline:
+            self._free.put(slot)
+            raise ExtractionTimeout
+        try:
+            future = slot.pool.submit(_extract, audio, sample_rate, transcript, name)
+            voice = future.result(None if deadline == math.inf else max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            try:
+                os.kill(slot.pid, signal.SIGKILL)  # its work is for nobody now; it would hold the slot
+            except ProcessLookupError:
+                pass
+            self._replace(slot)
+            raise ExtractionTimeout from None
+        except BrokenProcessPool:  # it died (killed for memory, say)
+            self._replace(slot)
             raise
+        self._free.put(slot)
+        return voice
+
+    def _replace(self, slot: _Slot) -> None:
+        """A fresh worker for `slot`'s, started in the background: the registration that found it broken is
+        answered now, and the next one waits (up to its deadline) for the replacement."""
+        slot.pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._slots.discard(slot)
+        threading.Thread(target=self._restart, name="voice-worker-restart", daemon=True).start()
+
+    def _restart(self) -> None:
+        while not self._closed:
+            try:
+                self._add(self._start())
+                return
+            except Exception as exc:  # noqa: BLE001 (a full /tmp, a memory limit: try again, said in the log)
+                log.error("the voice extraction worker could not be restarted (%s); retrying in %g s", exc,
+                          RESTART_RETRY_S)
+                time.sleep(RESTART_RETRY_S)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Stops every worker now: an extraction still running is for nobody once the server stops."""
+        with self._lock:
+            self._closed = True
+            slots, self._slots = self._slots, set()
+        for slot in slots:
+            try:
+                os.kill(slot.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            slot.pool.shutdown(wait=False, cancel_futures=True)
