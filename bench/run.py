@@ -44,13 +44,13 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model_dir: Path, device: str, *args: str) -> None:
+    def __init__(self, model_dir: Path, device: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "cosyvoice_server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--model-dir", str(model_dir), "--device", device, "--max-queue-size", "4096",
                "--request-timeout-s", "600", "--log-level", "warning", *args]
-        self.proc = subprocess.Popen(cmd)
+        self.proc = subprocess.Popen(cmd, env=env)
         deadline = time.monotonic() + 300
         while True:
             try:
