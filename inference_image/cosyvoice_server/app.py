@@ -38,9 +38,9 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
 
     async def load() -> None:
         # numpy's OpenBLAS would run a product on a thread per core and spin them after it, beside the stage
-        # threads. The server process makes no BLAS calls on the request path (measured under load: its BLAS
-        # thread used no CPU, and one thread was as fast), so one thread costs nothing and keeps any future
-        # call from taking the cores. Voice extraction, which does use BLAS, limits its own workers.
+        # threads. The server process makes no BLAS calls on the request path (under load its BLAS thread
+        # used no CPU), so one thread changes nothing now and keeps a future call from taking the cores.
+        # Voice extraction, which does use BLAS, limits its own workers.
         threadpool_limits(BLAS_THREADS, user_api="blas")
         try:
             await asyncio.to_thread(state.load)
