@@ -5,9 +5,12 @@ a client that hangs up while its text is normalized leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import socket
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import httpx
 import numpy as np
@@ -53,16 +56,10 @@ def test_worker_segments_are_the_in_process_frontends(frontend_spec):
 
 
 def test_a_worker_that_dies_is_replaced(frontend_spec):
-    from concurrent.futures.process import BrokenProcessPool
-
     workers = TextWorkers(BUNDLED_MODEL, frontend_spec, 1)
     try:
         async def kill_then_retry():
-            pid = next(iter(workers.pool._processes))
-            import os
-            import signal
-
-            os.kill(pid, signal.SIGKILL)
+            os.kill(next(iter(workers.pool._processes)), signal.SIGKILL)
             with pytest.raises(BrokenProcessPool):
                 await workers.segments("Killed while waiting.")
             return await workers.segments("I have 3 cats.")
