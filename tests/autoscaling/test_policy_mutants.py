@@ -629,3 +629,92 @@ def test_a_scale_down_exactly_to_the_limit_is_not_limited() -> None:
 def test_a_scale_up_exactly_to_max_replicas_is_not_limited() -> None:
     d = run(Metrics(qps=20.0, p95_ms=300), 2, replace(FREE, max_replicas=5))
     assert (d.desired, d.limited, d.limited_reason, d.message) == (5, False, "", f"{QPS} needs 5.00 replicas")
+
+
+# --- clumps or a moving rate --------------------------------------------------------------------------------
+
+CHI2_1_MEDIAN, ESTIMATE_Z, Z95 = 0.454936, 2.0, 1.6448536269514722
+
+
+def margin(n: int) -> float:
+    """An estimate of noise from n squares is taken ESTIMATE_Z standard errors (2.33/√n of itself) low."""
+    return 1 + ESTIMATE_Z * 2.33 / math.sqrt(n)
+
+
+def minute_variance(x: tuple[float, ...]) -> float:
+    """The 1-minute rate's noise as the policy reads it: the median squared second difference, over six."""
+    squares = sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:]))
+    return squares[len(squares) // 2] / CHI2_1_MEDIAN / margin(len(squares)) / 6
+
+
+def shifted(rates: tuple[float, ...], b: float) -> tuple[float, ...]:
+    """The burst window's rate at the same instants: ±b from the minute's (every squared deviation b²)."""
+    return tuple(r + (b if i % 3 else -b) for i, r in enumerate(rates))
+
+
+def within_deviation(rates: tuple[float, ...], dispersion: float) -> float:
+    """The ±b that reads as ``dispersion`` within a minute: b² = D·level·(1/30 - 1/60), before the margin."""
+    return math.sqrt(dispersion * CHI2_1_MEDIAN * margin(len(rates)) * sum(rates) / len(rates) / 60)
+
+
+@pytest.mark.parametrize(("ratio", "spread"), [(1.45, False), (1.7, True)])
+def test_the_minutes_noise_is_a_moving_rate_only_beyond_the_error_of_the_two_estimates(ratio: float,
+                                                                                         spread: bool) -> None:
+    """120 samples: each estimate is known to 2.33/√120 of itself, their ratio to √2 of that; two standard
+    errors (×1.60) separate a moving rate from clumps that show at both scales a little differently."""
+    rates = noisy(20.0, 4.0, 120, 3)
+    level = sum(rates) / len(rates)
+    minute = minute_variance(rates) * 60 / level  # the dispersion the minutes read
+    b = within_deviation(rates, minute / ratio)
+    d = run(Metrics(qps=20.0, audio_s=12.0, rate_history=rates, short_history=shifted(rates, b), p95_ms=300), 4,
+            MEASURED)
+    assert ("for its minute-to-minute spread" in d.message) is spread and "arrivals in clumps of" in d.message
+
+
+def test_the_spread_is_what_the_minutes_vary_beyond_the_clumps_within_them() -> None:
+    """2 req/s whose 1-minute rate varies several times more than Poisson's 2/60; within the minute the
+    arrivals are Poisson (clumps of 1), and the demand is taken at the 95th percentile of the rest."""
+    rates = noisy(2.0, 0.5, 120, 4)
+    level = sum(rates) / len(rates)
+    d = run(Metrics(qps=2.0, audio_s=12.0, rate_history=rates, short_history=shifted(rates, 0.01), p95_ms=300), 1,
+            MEASURED)
+    extra = Z95 * math.sqrt(minute_variance(rates) - level / 60)
+    assert 0 < extra < Z95  # a spread under one request/s: neither rounded up to one nor away
+    assert d.details["demand_qps"] == pytest.approx(2.0 + extra, rel=1e-9)
+    assert d.message.startswith(f"qps + {extra:.1f} for its minute-to-minute spread at ") and "clumps" not in d.message
+
+
+def test_without_a_profile_the_count_is_the_target_rates_whatever_the_spread() -> None:
+    rates = noisy(20.0, 4.0, 120, 5)
+    d = run(Metrics(qps=20.0, rate_history=rates, short_history=shifted(rates, 0.1), p95_ms=300), 5)
+    assert d.message == f"{QPS} needs 5.00 replicas, within tolerance of 5"
+
+
+def test_with_a_pattern_the_minutes_changes_are_the_patterns_not_a_spread() -> None:
+    rnd = random.Random(6)
+    rates = tuple(r + rnd.gauss(0.0, 1.0) for r in square(40.0, 20.0, end=13))  # mid-peak
+    d = run(Metrics(qps=40.0, audio_s=12.0, rate_history=rates, short_history=shifted(rates, 0.1),
+                    history_step_s=60.0, p95_ms=300), 8, MEASURED)
+    assert "season_s" in d.details and d.details["demand_qps"] == 40.0 and "spread" not in d.message
+
+
+@pytest.mark.parametrize(("within", "found"), [(0.5, True), (3.0, False)])
+def test_a_pattern_is_one_whose_swing_exceeds_twice_the_arrivals_noise_within_a_minute(within: float,
+                                                                                          found: bool) -> None:
+    """A 20-minute square wave ±1.7 req/s around 30 (its variance 2.9): Poisson noise of a 1-minute rate at 30
+    req/s has variance 0.5, so the swing is a pattern for Poisson arrivals (2.9 ≥ 4 × 0.5) and not for
+    arrivals three times as dispersed within a minute (2.9 < 4 × 1.5)."""
+    rates = square(31.7, 28.3)
+    d = run(Metrics(qps=30.0, rate_history=rates, short_history=shifted(rates, within_deviation(rates, within)),
+                    history_step_s=60.0, p95_ms=300), 8)
+    assert ("season_s" in d.details) is found
+
+
+def test_poisson_arrivals_at_both_scales_are_sized_as_poisson() -> None:
+    """The minutes vary as Poisson counting does, and so does the burst window against the minute: no clumps,
+    no spread, the count Poisson arrivals need."""
+    rates = noisy(20.0, math.sqrt(20.0 / 60), 120, 7)
+    short = shifted(rates, within_deviation(rates, 1.0))
+    d = run(Metrics(qps=20.0, audio_s=12.0, rate_history=rates, short_history=short, p95_ms=300), 4, MEASURED)
+    assert "clumps" not in d.message and "spread" not in d.message
+    assert d.details["needed"] == pytest.approx(20.0 / PROFILE.rate_at_slo(1.6, 12.0), rel=1e-3)

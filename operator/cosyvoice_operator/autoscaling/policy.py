@@ -342,7 +342,7 @@ def _dispersion(m: Metrics, season_s: float | None) -> tuple[float, float]:
     x = m.rate_history
     if season_s is not None or len(x) < 8:
         return 1.0, 0.0
-    level = max(sum(x) / len(x), 1.0 / RATE_WINDOW_S)
+    level = _level(x)
     minute = _lower(sorted((a - 2 * b + c) ** 2 for a, b, c in zip(x, x[1:], x[2:]))) / 6  # the 1-min rate's variance
     dispersion = minute * RATE_WINDOW_S / level
     short = _short_dispersion(m)
@@ -360,13 +360,18 @@ def _short_dispersion(m: Metrics) -> float | None:
     """The index of dispersion within a minute (None: no short-window history). Minute-to-minute changes of the
     rate itself read the same at one minute as clumps do; within a minute they cancel: the short window's rate
     less the minute's, which share that rate, varies by the clumps alone. Its Poisson variance is the level
-    times 1/short - 1/long (nested windows)."""
+    times 1/short - 1/long (nested windows). The rate history has its 8 samples (the callers' condition)."""
     x = m.rate_history
-    if len(x) < 8 or len(m.short_history) != len(x):
+    if len(m.short_history) != len(x):
         return None
-    level = max(sum(x) / len(x), 1.0 / RATE_WINDOW_S)
     return _lower(sorted((s - r) ** 2 for s, r in zip(m.short_history, x))) / \
-        (level * (1 / SHORT_WINDOW_S - 1 / RATE_WINDOW_S))
+        (_level(x) * (1 / SHORT_WINDOW_S - 1 / RATE_WINDOW_S))
+
+
+def _level(x: Sequence[float]) -> float:
+    """The rate a history was measured at, at least one request a rate window (its Poisson noise is the
+    noise of that level, not of the load now: a drop in load would read the same noise as more bursty)."""
+    return max(sum(x) / len(x), 1.0 / RATE_WINDOW_S)
 
 
 def _lower(squares: Sequence[float]) -> float:
