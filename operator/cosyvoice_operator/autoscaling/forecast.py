@@ -4,9 +4,10 @@ Pure Python (the operator's image has no numpy); the series are short (one sampl
 few hours). The history is the service's arrival rate as Prometheus has it
 (``sum(rate(cosyvoice_requests_total[1m]))`` over ``lookbackSeconds``), oldest first, evenly spaced.
 
-* ``detect_period``: the lag with the highest autocorrelation of the series less its linear trend, among
-  its local maxima, between ``min_period_s`` and half the history (two whole periods must have been
-  seen). A pattern is used only when its autocorrelation reaches ``min_correlation``: successive
+* ``detect_period``: among the local maxima of the autocorrelation of the series less its linear trend,
+  between ``min_period_s`` and half the history (two whole periods must have been seen), the shortest
+  lag within the estimate's standard error of the highest (a multiple of the period correlates as
+  well). A pattern is used only when its autocorrelation reaches ``min_correlation``: successive
   periods must look alike.
 * ``seasonal``: the value one period ago at each future step (seasonal naive), averaged over the
   periods seen, scaled by the level now against the level one period ago (a growing service keeps
@@ -60,13 +61,14 @@ def detect_period(series: Sequence[float], step_s: float, min_period_s: float, m
     if sum(v * v for v in series) / n < 4 * noise_var:
         return None
     acf = [_acf(series, lag) for lag in range(lo - 1, hi + 2)]
-    best: tuple[float, int] | None = None
-    for i in range(1, len(acf) - 1):
-        lag = lo - 1 + i
-        if acf[i] >= acf[i - 1] and acf[i] >= acf[i + 1] and lag <= hi and (best is None or acf[i] > best[0]):
-            best = (acf[i], lag)
-    if best is None or best[0] < min_correlation:
+    peaks = [(acf[i], lo - 1 + i) for i in range(1, len(acf) - 1)
+             if acf[i] >= acf[i - 1] and acf[i] >= acf[i + 1] and lo - 1 + i <= hi]
+    if not peaks or max(peaks)[0] < min_correlation:
         return None
+    # A pattern correlates as well at every multiple of its period: the shortest lag within the estimate's
+    # standard error (1/√n) of the best is the period (more cycles averaged, found after two of them)
+    top = max(peaks)[0]
+    best = min((lag, r) for r, lag in peaks if r >= top - 1 / math.sqrt(n))[::-1]
     # the peak between samples (a parabola through the three around it): a period off by a fraction of a
     # step drifts a whole step every few periods
     i = best[1] - (lo - 1)
