@@ -381,13 +381,12 @@ def _lower(squares: Sequence[float]) -> float:
     return squares[len(squares) // 2] / CHI2_1_MEDIAN / (1 + ESTIMATE_Z * 2.33 / math.sqrt(len(squares)))
 
 
-def _clump(m: Metrics, s: Settings, demand: float, length: float | None, season_s: float | None) -> float:
+def _clump(s: Settings, dispersion: float, demand: float, length: float | None) -> float:
     """The mean clump one replica's arrivals come in, at the replicas ``demand`` needs: the service's
-    dispersion shared out by random routing. The replicas depend on the clump and the clump on the replicas:
+    ``dispersion`` shared out by random routing. The replicas depend on the clump and the clump on the replicas:
     the fewest replicas n that take the demand with the clump of n (what n replicas need falls as n grows,
     so that is where the two cross; found by doubling, then bisection)."""
-    dispersion = _dispersion(m, season_s)[0] if s.profile is not None and demand > 0 else 1.0
-    if dispersion <= 1.0:
+    if dispersion <= 1.0 or demand <= 0:
         return 1.0
 
     def short(n: float) -> bool:  # n replicas are too few for the demand at their clump
@@ -439,13 +438,14 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
     per_replica, source = s.per_replica_rate(length)
     if per_replica and m.arrival_qps is not None:
         demand, which = _demand(m, s, after_burst, season_s)
-        spread = _dispersion(m, season_s)[1] if s.profile is not None else 0.0
+        # clumps and the minutes' spread count only where the profile models the queue they fill
+        dispersion, spread = _dispersion(m, season_s) if s.profile is not None else (1.0, 0.0)
         if spread > 0:
             # the minute's rate moves by more than its arrivals' noise: size for the minutes at its 95th percentile,
             # as the objective is each minute's p95
             demand += profiles.Z95 * spread
             which += f" + {profiles.Z95 * spread:.1f} for its minute-to-minute spread"
-        clump = _clump(m, s, demand, length, season_s)
+        clump = _clump(s, dispersion, demand, length)
         per_replica, source = s.per_replica_rate(length, clump)
         assert per_replica
         best = demand / per_replica
