@@ -496,19 +496,32 @@ def forecast(rate: tuple[float, ...], work: tuple[float, ...], qps: float, audio
     return d.history.forecast
 
 
-def test_lengths_measured_at_a_fraction_of_the_typical_rate_bound_no_forecast() -> None:
+def test_a_peak_whose_requests_finished_shorter_is_forecast_at_the_length_now() -> None:
+    """18 req/s half of every 20 minutes, 6 the other half, 12 s requests all along; on each rise the short
+    ones finished first, so the history measured 9 s at the peak. The peak is forecast at 12 s: at 9 s it
+    would be a replica short, every cycle."""
+    f = forecast(square(18.0, 6.0), square(18.0 * 9.0, 6.0 * 12.0), 6.0, 12.0)
+    assert (f[0], max(f)) == (replicas_at(6.0, 12.0), replicas_at(18.0, 12.0))
+    assert replicas_at(18.0, 9.0) < max(f) - 0.3
+
+
+def test_longer_lengths_are_forecast_only_where_the_rate_was_at_least_half_its_typical_value() -> None:
     """10 req/s of 4 s requests, then 4 req/s of 20 s ones: a length measured while the rate was under half
     its typical value (the median, 10) is not one the forecast trusts; at exactly half it is."""
-    below = forecast(square(10.0, 4.0), square(40.0, 80.0), 4.0, 20.0)
+    below = forecast(square(10.0, 4.0), square(40.0, 80.0), 4.0, 4.0)
     assert (below[0], max(below)) == (replicas_at(4.0, 4.0), replicas_at(10.0, 4.0))
-    half = forecast(square(10.0, 5.0), square(40.0, 100.0), 5.0, 20.0)
+    half = forecast(square(10.0, 5.0), square(40.0, 100.0), 5.0, 4.0)
     assert half[0] == replicas_at(5.0, 20.0)
+    # rejected at the typical rate (answered, no audio), 20 s requests only at a quarter of it: no length the
+    # history measured is trusted, and every step is sized at the length now
+    f = forecast(square(20.0, 5.0), square(0.0, 100.0), 5.0, 4.0)
+    assert (f[0], max(f)) == (replicas_at(5.0, 4.0), replicas_at(20.0, 4.0))
 
 
 def test_a_quiet_service_forecasts_its_request_lengths_too() -> None:
     """A quarter of a request a second, 20 s requests half of every 20 minutes and 4 s ones the other half
-    (1 audio second a second): each half is forecast at its own length."""
-    f = forecast((0.25,) * 57, square(5.0, 1.0), 0.25, 12.0)
+    (1 audio second a second), 4 s now: the long half is forecast at its own length."""
+    f = forecast((0.25,) * 57, square(5.0, 1.0), 0.25, 4.0)
     assert (f[0], max(f)) == (replicas_at(0.25, 4.0), replicas_at(0.25, 20.0))
 
 
@@ -527,17 +540,6 @@ def test_an_idle_phase_forecasts_no_replicas() -> None:
 def test_the_forecast_kept_in_the_status_is_rounded_to_thousandths() -> None:
     f = forecast(square(40.0, 8.0), square(160.0, 32.0), 8.0, 4.0)
     assert all(x == round(x, 3) for x in f) and any(x != round(x, 2) for x in f)
-
-
-def test_requests_that_made_no_audio_do_not_shorten_the_forecast() -> None:
-    """Half of every cycle the requests are all rejected (answered, no audio): that half is forecast at the
-    length measured now, not as zero-length requests."""
-    f = forecast((10.0,) * 57, square(40.0, 0.0), 10.0, 20.0)
-    assert (f[0], min(f)) == (replicas_at(10.0, 20.0), replicas_at(10.0, 4.0))
-    # rejected at the typical rate, 20 s requests only at a quarter of it: no length the history measured is
-    # trusted, and every step is sized at the length now
-    f = forecast(square(20.0, 5.0), square(0.0, 100.0), 5.0, 4.0)
-    assert (f[0], max(f)) == (replicas_at(5.0, 4.0), replicas_at(20.0, 4.0))
 
 
 @pytest.mark.parametrize(("qps", "sd", "samples", "seed", "desired", "message"), [

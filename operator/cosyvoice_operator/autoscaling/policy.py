@@ -414,12 +414,15 @@ def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None, clump: f
     lengths: list[float | None] = [m.audio_s] * len(rates)
     if m.audio_s and len(m.work_history) == len(m.rate_history):
         works = forecast.seasonal(m.work_history, m.history_step_s, season, horizon)
-        # Lengths as the history measured them, where the served rate was the offered one: while replicas
-        # were saturated the short requests finished first and the long ones later, in bursts.
+        # The history's lengths are those of the requests that finished in each minute. On a rising edge the
+        # short ones finish first (all the more while replicas are saturated), so a coming peak's requests
+        # would be forecast shorter than they are and its replicas too few: a step's length is at least the
+        # length now (the forecast only ever raises the count). Longer ones are capped by the longest measured
+        # where the served rate was the offered one (a saturated replica's long requests finish late, in bursts).
         typical = sorted(m.rate_history)[len(m.rate_history) // 2]
-        seen = [w / r for r, w in zip(m.rate_history, m.work_history) if r >= typical / 2 and r > 0 and w > 0]
-        lo, hi = (min(seen), max(seen)) if seen else (m.audio_s, m.audio_s)
-        lengths = [min(hi, max(lo, w / r)) if r > 0 and w > 0 else m.audio_s for r, w in zip(rates, works)]
+        seen = [w / r for r, w in zip(m.rate_history, m.work_history) if r >= typical / 2 and r > 0]
+        hi = max(seen, default=m.audio_s)
+        lengths = [max(m.audio_s, min(hi, w / r)) if r > 0 else m.audio_s for r, w in zip(rates, works)]
     out = []
     for rate, length in zip(rates, lengths):
         per_replica, _ = s.per_replica_rate(length, clump)
