@@ -5,41 +5,23 @@
     cosyvoice-operator render -f examples/minimal.yaml | kubectl apply --dry-run=server -f -
     cosyvoice-operator simulate --set heldout --jobs 2 --out docs/autoscaling   # autoscaling policy vs HPA/KEDA
     cosyvoice-operator simulate --trace-file load.csv --outage 600:900 --json   # replay your own traffic
+    cosyvoice-operator simulate --trace-file load.csv --service tts.yaml        # ... under your CR's policy
 """
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from . import render as rendering
-from .constants import API_VERSION, KIND, LEASE_NAME, OPERATOR_VERSION
-from .spec import InvalidSpec, check_name, parse_spec
-
-
-def _documents(text: str) -> Iterator[dict[str, Any]]:
-    for doc in yaml.safe_load_all(text):
-        if isinstance(doc, dict) and doc.get("kind") == "List":
-            yield from (d for d in doc.get("items") or [] if isinstance(d, dict))
-        elif isinstance(doc, dict):
-            yield doc
-
-
-TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
-
-
-def check_top_level(doc: dict[str, Any]) -> None:
-    """A misspelt ``spec`` would otherwise render the defaults without a word."""
-    for key in doc:
-        if key not in TOP_LEVEL:
-            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1, cutoff=0.6)
-            raise InvalidSpec(f"{key}: unknown field" + (f"; did you mean {close[0]!r}?" if close else ""))
+from .constants import LEASE_NAME, OPERATOR_VERSION
+from .manifest import services
+from .spec import InvalidSpec
 
 
 def render_file(text: str, namespace: str = "default") -> list[dict[str, Any]]:
@@ -49,22 +31,9 @@ def render_file(text: str, namespace: str = "default") -> list[dict[str, Any]]:
     cluster there is no uid to point at.
     """
     objects: list[dict[str, Any]] = []
-    found = 0
-    for doc in _documents(text):
-        if doc.get("kind") != KIND or str(doc.get("apiVersion", "")).split("/")[0] != API_VERSION.split("/")[0]:
-            continue
-        found += 1
-        name = (doc.get("metadata") or {}).get("name", "?")
-        try:
-            check_top_level(doc)
-            check_name(name)
-            spec = parse_spec(doc.get("spec"))
-        except InvalidSpec as exc:
-            raise InvalidSpec(f"{KIND} {name}: {exc}") from None
-        owner = rendering.Owner(name=name, namespace=(doc.get("metadata") or {}).get("namespace") or namespace)
-        objects.extend(rendering.render(owner, spec).objects)
-    if not found:
-        raise InvalidSpec(f"no {KIND} ({API_VERSION}) found in the input")
+    for svc in services(text):
+        owner = rendering.Owner(name=svc.name, namespace=svc.namespace or namespace)
+        objects.extend(rendering.render(owner, svc.spec).objects)
     return objects
 
 
@@ -84,11 +53,14 @@ def _write(objects: list[dict[str, Any]], fmt: str, out: TextIO) -> None:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
         objects = render_file(text, namespace=args.namespace)
-    except InvalidSpec as exc:
+    except (InvalidSpec, OSError, UnicodeDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except yaml.YAMLError as exc:
+        print(f"error: {args.file} is not YAML: {exc}", file=sys.stderr)
         return 1
     _write(objects, args.output, sys.stdout)
     return 0

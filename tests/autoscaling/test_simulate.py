@@ -241,6 +241,60 @@ def test_cli_refuses_meaningless_parameters_with_a_message_not_a_traceback(
     assert "--seeds: must be ≥ 1" in capsys.readouterr().err
 
 
+SERVICE = """apiVersion: tts.cosyvoice.dev/v1alpha1
+kind: CosyVoiceService
+metadata: {name: tts-canary}
+spec:
+  autoscaling:
+    minReplicas: 2
+    maxReplicas: 3
+    targetP95LatencyMs: 1500
+    capacityProfile: tiny-cpu
+    coldStartSeconds: 60
+  batching: {maxBatchSize: 4, maxQueueSize: 32}
+"""
+
+
+def test_a_service_manifest_is_simulated_with_its_own_policy_before_it_is_enabled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The manifest as it would be applied, autoscaling not enabled yet: its bounds, SLO, cold start and
+    batching are the simulation's. Ten minutes at five replicas' worth: the manifest's policy stops at its
+    maxReplicas (3), the default policy does not."""
+    (tmp_path / "svc.yaml").write_text(SERVICE)
+    cap = PROFILE.rate_at_slo(1.0, 12.0)
+    (tmp_path / "load.csv").write_text("".join(f"{60 * i},{5 * cap:.2f}\n" for i in range(10)))
+    common = ["simulate", "--trace-file", str(tmp_path / "load.csv"), "--seeds", "1", "--policies", "policy,hpa"]
+    assert main([*common, "--service", str(tmp_path / "svc.yaml"), "--out", str(tmp_path / "svc")]) == 0
+    err = capsys.readouterr().err
+    assert "CosyVoiceService tts-canary: replicas 2–3, SLO p95 1500 ms, cold start 60 s, batch 4, queue 32" in err
+    data = json.loads((tmp_path / "svc" / "results.json").read_text())
+    assert (data["service"], data["config"]["slo_ms"], data["config"]["max_batch_size"]) == \
+        (str(tmp_path / "svc.yaml"), 1500.0, 4)
+    assert all(r["gpu_hours"] <= 3 * 10 / 60 + 1e-9 for r in data["runs"])  # HPA gets the same bounds
+    assert main([*common, "--out", str(tmp_path / "default")]) == 0
+    runs = json.loads((tmp_path / "default" / "results.json").read_text())["runs"]
+    assert runs[0]["gpu_hours"] > 3 * 10 / 60
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("kind: ConfigMap\n", "--service: no CosyVoiceService (tts.cosyvoice.dev/v1alpha1) found"),
+    ("spec: [unclosed\n", "--service: not YAML"),
+    (SERVICE.replace("  autoscaling:", "  autoscalling:"), "autoscalling: unknown field; did you mean 'autoscaling'?"),
+    (SERVICE.split("  autoscaling:")[0] + "  replicas: 2\n", "CosyVoiceService tts-canary has no spec.autoscaling"),
+    (SERVICE.replace("    maxReplicas: 3\n", ""), "with autoscaling enabled: spec.autoscaling: autoscaling.maxReplicas "
+                                                   "is required"),
+    (SERVICE + "---\n" + SERVICE.replace("tts-canary", "tts-prod"), "holds 2 CosyVoiceServices (tts-canary, tts-prod)"),
+])
+def test_a_service_manifest_that_cannot_be_simulated_is_refused_with_a_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, why: str) -> None:
+    (tmp_path / "svc.yaml").write_text(text)
+    (tmp_path / "load.csv").write_text("0,5\n60,6\n")
+    assert main(["simulate", "--trace-file", str(tmp_path / "load.csv"), "--seeds", "1",
+                 "--service", str(tmp_path / "svc.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err
+
+
 def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     assert main(["simulate", "--traces", "poisson", "--set", "tuning", "--seeds", "1", "--minutes", "5",

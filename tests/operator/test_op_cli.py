@@ -51,11 +51,14 @@ def test_render_reads_stdin_skips_other_documents_and_prints_json(monkeypatch: p
      "CosyVoiceService x: spec.gpu: gpu.product is required"),
     ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", "no CosyVoiceService"),
     ("apiVersion: tts.cosyvoice.dev/v1alpha1\nkind: CosyVoiceService\nmetadata: {name: Bad_Name}\n", "DNS-1035"),
+    ("kind: CosyVoiceService\nspec: [unclosed\n", "cr.yaml is not YAML: "),
+    (None, "No such file or directory"),
 ])
 def test_render_rejects_invalid_input_with_a_readable_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             text: str, message: str) -> None:
+                                                             text: str | None, message: str) -> None:
     path = tmp_path / "cr.yaml"
-    path.write_text(text)
+    if text is not None:
+        path.write_text(text)
     code, out, err = run_cli(["render", "-f", str(path)], monkeypatch)
     assert code == 1 and out == ""
     assert err.startswith("error: ") and message in err

@@ -384,13 +384,54 @@ def default_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
 
 # --- experiments and report -----------------------------------------------------------------------
 
-Work = tuple[str, Trace, int, SimConfig]
+Work = tuple[str, Trace, int, SimConfig, Settings | None]
 
 
 def run_one(work: Work) -> RunResult:
-    policy, trace, seed, cfg = work
+    policy, trace, seed, cfg, settings = work
     prof = load_profile(cfg)
-    return simulate(trace, make_scaler(policy, cfg, trace, prof), cfg, seed, prof)
+    return simulate(trace, make_scaler(policy, cfg, trace, prof, settings), cfg, seed, prof)
+
+
+def service_config(text: str, cfg: SimConfig) -> tuple[SimConfig, Settings, str]:
+    """The policy of the one CosyVoiceService in ``text``, as the operator would build it once
+    ``spec.autoscaling.enabled`` is true, and the simulator's parameters that the manifest decides (the
+    replica it deploys, the SLO it scores). Also a line saying what was taken from it."""
+    import yaml
+
+    from ..manifest import services
+    from ..spec import InvalidSpec, parse_spec
+
+    try:
+        found = services(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--service: not YAML: {exc}") from None
+    except InvalidSpec as exc:
+        raise ValueError(f"--service: {exc}") from None
+    if len(found) > 1:
+        raise ValueError(f"--service: the file holds {len(found)} CosyVoiceServices "
+                         f"({', '.join(s.name for s in found)}); simulate them one file at a time")
+    svc = found[0]
+    if not svc.raw.get("autoscaling"):
+        raise ValueError(f"--service: CosyVoiceService {svc.name} has no spec.autoscaling to simulate")
+    try:  # validated as enabled: what it needs to run (maxReplicas, a target) is required then
+        spec = parse_spec({**svc.raw, "autoscaling": {**svc.raw["autoscaling"], "enabled": True}})
+    except InvalidSpec as exc:
+        raise ValueError(f"--service: CosyVoiceService {svc.name}, with autoscaling enabled: {exc}") from None
+    auto = spec.autoscaling
+    assert auto is not None and auto.max_replicas is not None  # required when enabled
+    cfg = replace(cfg, profile=auto.capacity_profile or cfg.profile, min_replicas=auto.min_replicas,
+                  max_replicas=auto.max_replicas, cold_start_s=float(auto.cold_start_seconds),
+                  slo_ms=float(auto.target_p95_latency_ms or cfg.slo_ms),
+                  target_qps_per_replica=auto.target_qps_per_replica or cfg.target_qps_per_replica,
+                  max_batch_size=spec.batching.max_batch_size, max_queue_size=spec.batching.max_queue_size)
+    prof = profiles.load(auto.capacity_profile, batching=spec.batching) if auto.capacity_profile else None
+    settings = Settings.from_spec(auto, prof)
+    taken = (f"CosyVoiceService {svc.name}: replicas {cfg.min_replicas}–{cfg.max_replicas}, SLO p95 "
+             f"{cfg.slo_ms:g} ms{'' if auto.target_p95_latency_ms else ' (--slo-ms: it sets no targetP95LatencyMs)'}, "
+             f"cold start {cfg.cold_start_s:g} s, batch {cfg.max_batch_size}, queue {cfg.max_queue_size}, "
+             f"replica profile {cfg.profile}")
+    return cfg, settings, taken
 
 
 def generated(families: Sequence[str], set_name: str, seeds: int, cfg: SimConfig) -> list[tuple[Trace, int]]:
@@ -401,8 +442,10 @@ def generated(families: Sequence[str], set_name: str, seeds: int, cfg: SimConfig
 
 
 def run_all(work_traces: Sequence[tuple[Trace, int]], policies: Sequence[str], cfg: SimConfig, jobs: int = 1,
-            progress: Callable[[str], None] | None = None) -> list[RunResult]:
-    work = [(p, t, s, cfg) for t, s in work_traces for p in policies]
+            progress: Callable[[str], None] | None = None, settings: Settings | None = None) -> list[RunResult]:
+    """Every policy on every trace; ``settings``: the project's policy as configured (default: the CRD's
+    defaults with the simulator's SLO and profile)."""
+    work = [(p, t, s, cfg, settings) for t, s in work_traces for p in policies]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(jobs) as pool:
@@ -654,6 +697,10 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
 
     try:
         cfg = SimConfig(**{k: getattr(args, k) for k in SimConfig.__dataclass_fields__})
+        settings = None
+        if args.service:
+            cfg, settings, taken = service_config(Path(args.service).read_text(), cfg)
+            print(taken, file=sys.stderr)
         load_profile(cfg)
         work = load_traces(args, cfg)
         policies = args.policies.split(",")
@@ -664,7 +711,7 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = clock()
-    results = run_all(work, policies, cfg, args.jobs)
+    results = run_all(work, policies, cfg, args.jobs, settings=settings)
     rows = summarize(results)
     checks = verdicts(rows)
     bounds = pool_bound(results)
@@ -680,7 +727,7 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.md").write_text(markdown_table(rows) + "\n")
         (out / "results.json").write_text(json.dumps(
-            {"config": asdict(cfg), "set": None if args.trace_file or args.from_prometheus else args.set,
+            {"config": asdict(cfg), "service": args.service, "set": None if args.trace_file or args.from_prometheus else args.set,
              "rows": rows, "verdicts": checks, "pool_bounds": bounds, "runs": [replace(r, series={}).__dict__ for r in results]},
             indent=1, default=str))
         plot(results, out, cfg, {t.name: s for t, s in reversed(work)})
