@@ -43,3 +43,34 @@ async def test_admits_exactly_max_batch_size_plus_max_queue_size(pipeline, max_b
     sched.submit(request())
     with pytest.raises(Overloaded):
         sched.submit(request())
+
+
+async def test_a_slot_is_held_while_the_text_is_normalised_and_given_back_if_nothing_is_submitted(pipeline) -> None:
+    metrics = Metrics()
+    state = ServerState(Settings(), metrics, pipeline=pipeline,
+                        scheduler=Scheduler(pipeline, SchedulerConfig(1, 5.0, 1), metrics))
+    sched = state.scheduler
+
+    def request():
+        return state.new_request(SpeechRequest(model="tts-1", input="Admission control."))
+
+    with sched.admission() as submit:
+        assert sched.inflight == 1 and not sched.idle()
+        assert metrics.registry.get_sample_value("cosyvoice_inflight_requests") == 1
+        first, second = request(), request()
+        sched.submit(first)  # the second and last slot
+        with pytest.raises(Overloaded):  # the held one counts: a third is refused before its text is read
+            with sched.admission():
+                pass
+        submit(second)
+        assert sched.inflight == 2
+    assert sched.inflight == 2  # submitted: leaving the block gives nothing back
+    with pytest.raises(Overloaded):
+        sched.submit(request())
+    for r in (first, second):
+        sched.release(r, Outcome.CANCELLED)
+    with pytest.raises(ValueError):  # a bad input found after normalising: the slot is given back
+        with sched.admission():
+            raise ValueError("no speakable text")
+    assert sched.inflight == 0 and sched.idle()
+    assert metrics.registry.get_sample_value("cosyvoice_inflight_requests") == 0

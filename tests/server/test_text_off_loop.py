@@ -5,6 +5,7 @@ a client that hangs up while its text is normalized leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 import httpx
 import numpy as np
 import pytest
+import websockets
 
 from cosyvoice_server.api.schemas import MAX_INPUT_CHARS
 from cosyvoice_server.config import BUNDLED_MODEL
@@ -139,6 +141,36 @@ def test_a_client_that_hangs_up_while_its_text_is_normalized_leaves_no_request(s
         assert _metric(s.metrics(), "cosyvoice_requests_total", "499") == before + 1
         assert httpx.get(s.url + "/readyz").json()["inflight"] == 0
         # The only slot is free: a request is served, not refused with 429.
+        r = httpx.post(s.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Still here."}, timeout=60)
+        assert r.status_code == 200 and r.content
+    finally:
+        s.stop()
+
+
+def test_a_full_server_refuses_long_inputs_at_once_without_normalizing_them(server_process, tmp_path):
+    """The only slot is held by an open speech session. Six long inputs (about a second of normalizing each,
+    one text worker) are refused with 429 at once: normalized first, the last refusal came six seconds
+    late, and the text of every request accepted meanwhile would have waited behind them."""
+    s = server_process(tmp_path, "--max-queue-size", "0", "--max-batch-size", "1", "--text-workers", "1",
+                       "--max-audio-seconds", "3600").wait_ready()
+
+    async def flood():
+        async with websockets.connect(s.url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": {"response_format": "pcm"}}))
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            async with httpx.AsyncClient(timeout=60) as c:
+                started = time.monotonic()
+                answers = await asyncio.gather(*[c.post(s.url + "/v1/audio/speech", json={
+                    "model": "tts-1", "input": LONG.replace("1", str(i + 2))}) for i in range(6)])
+                took = time.monotonic() - started
+        return answers, took
+
+    try:
+        answers, took = asyncio.run(flood())
+        assert [r.status_code for r in answers] == [429] * 6
+        assert all(r.json()["error"]["code"] == "server_overloaded" and r.headers["Retry-After"] for r in answers)
+        assert took < 1.0, took
+        # the session closed: its slot is free again
         r = httpx.post(s.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Still here."}, timeout=60)
         assert r.status_code == 200 and r.content
     finally:

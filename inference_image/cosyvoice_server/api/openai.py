@@ -183,25 +183,27 @@ async def create_speech(request: Request) -> Response:
         ready_or_503(s)
         body = _parse(await _read_body(request, s.settings.max_body_bytes), s)
         voice = await _voice(s, body)
-        try:
-            segments = await s.text_segments(body.input)
-        except BrokenProcessPool:
-            raise APIError(503, "The text normalization process stopped (see the server log); it has been restarted: "
-                           "retry.", type="server_error", code="text_worker_unavailable",
-                           headers={"Retry-After": "1"}) from None
-        try:
-            req = s.new_request(body, voice, segments)
-        except InstructionError as exc:
-            raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
-        if not req.segments:
-            raise APIError(400, "The input has no speakable text after normalization.", param="input", code="invalid_value")
-        fewest, most = s.token_bounds(req.segments, body.speed)
-        if fewest > most:
-            rate = s.pipeline.manifest.token_rate * body.speed
-            raise APIError(400, f"The input would make at least {fewest / rate:.1f} s of audio; the limit is "
-                           f"{s.settings.max_audio_seconds:g} s per request. Split the text into several requests.",
-                           param="input", code="input_too_long")
-        s.scheduler.submit(req)
+        with s.scheduler.admission() as submit:  # a slot first: a full server refuses before normalising
+            try:
+                segments = await s.text_segments(body.input)
+            except BrokenProcessPool:
+                raise APIError(503, "The text normalization process stopped (see the server log); it has been "
+                               "restarted: retry.", type="server_error", code="text_worker_unavailable",
+                               headers={"Retry-After": "1"}) from None
+            try:
+                req = s.new_request(body, voice, segments)
+            except InstructionError as exc:
+                raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
+            if not req.segments:
+                raise APIError(400, "The input has no speakable text after normalization.", param="input",
+                               code="invalid_value")
+            fewest, most = s.token_bounds(req.segments, body.speed)
+            if fewest > most:
+                rate = s.pipeline.manifest.token_rate * body.speed
+                raise APIError(400, f"The input would make at least {fewest / rate:.1f} s of audio; the limit is "
+                               f"{s.settings.max_audio_seconds:g} s per request. Split the text into several "
+                               "requests.", param="input", code="input_too_long")
+            submit(req)
     except ClientDisconnect:  # hung up while sending the body: nothing was accepted, nobody reads an answer
         s.record(499, started)
         return Response(status_code=499)

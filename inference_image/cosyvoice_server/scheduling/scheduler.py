@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +89,7 @@ class Scheduler:
         self._waiting: deque[SynthesisRequest] = deque()
         self._enqueued: dict[int, float] = {}
         self._active: dict[int, SynthesisRequest] = {}
+        self._reserved = 0  # slots held for requests whose text is being normalised (admission())
         self._in_llm: set[int] = set()
         self._in_flow: dict[int, int] = {}
         # Bistream sessions out of the batch, waiting for text, in the order they left it; each with the
@@ -128,29 +130,63 @@ class Scheduler:
 
     @property
     def inflight(self) -> int:
-        return len(self._active)
+        return len(self._active) + self._reserved
 
     # Admission (event loop) -------------------------------------------------------------------
     def retry_after(self) -> int:
         waves = len(self._waiting) / max(1, self.cfg.max_batch_size) + 1
         return int(min(60, max(1, math.ceil(self._avg_duration * waves))))
 
+    def _admit_locked(self) -> None:
+        if len(self._active) + self._reserved >= self.cfg.capacity:
+            raise Overloaded(self.retry_after(), self.cfg.capacity)
+
+    @contextmanager
+    def admission(self) -> Iterator[Callable[[SynthesisRequest], None]]:
+        """A slot held from before a request's text is normalised until it is submitted, or given back when
+        the block ends without submitting (a bad input, a hang-up). Raises Overloaded when none is free: a
+        full server refuses at once, not after normalising text it will not synthesise (each refusal
+        would also hold up the text of the requests it accepts)."""
+        with self._lock:
+            self._admit_locked()
+            self._reserved += 1
+            self.m.inflight.set(self.inflight)
+        held = True
+
+        def submit(req: SynthesisRequest) -> None:
+            nonlocal held
+            with self._lock:
+                self._reserved -= 1
+                held = False
+                self._enqueue_locked(req)
+
+        try:
+            yield submit
+        finally:
+            if held:
+                with self._lock:
+                    self._reserved -= 1
+                    self.m.inflight.set(self.inflight)
+                    self._lock.notify_all()
+
     def submit(self, req: SynthesisRequest) -> None:
         with self._lock:
-            if len(self._active) >= self.cfg.capacity:
-                raise Overloaded(self.retry_after(), self.cfg.capacity)
-            self._active[id(req)] = req
-            if req.feed is not None:  # a session starts parked: it runs once its text arrives
-                req.feed.wake = self._wake
-                self._park_locked(self._session_sequence(req))
-                self._text_arrived = True
-            else:
-                self._in_llm.add(id(req))
-                self._enqueued[id(req)] = time.monotonic()
-                self._waiting.append(req)
-            self.m.inflight.set(len(self._active))
-            self.m.queue_depth.labels("llm").set(len(self._waiting))
-            self._lock.notify_all()
+            self._admit_locked()
+            self._enqueue_locked(req)
+
+    def _enqueue_locked(self, req: SynthesisRequest) -> None:
+        self._active[id(req)] = req
+        if req.feed is not None:  # a session starts parked: it runs once its text arrives
+            req.feed.wake = self._wake
+            self._park_locked(self._session_sequence(req))
+            self._text_arrived = True
+        else:
+            self._in_llm.add(id(req))
+            self._enqueued[id(req)] = time.monotonic()
+            self._waiting.append(req)
+        self.m.inflight.set(self.inflight)
+        self.m.queue_depth.labels("llm").set(len(self._waiting))
+        self._lock.notify_all()
 
     def _wake(self) -> None:
         """A session's text arrived (the event loop)."""
@@ -172,13 +208,13 @@ class Scheduler:
             self._in_flow.pop(id(req), None)
             if self._parked.pop(id(req), None) is not None:  # its parked KV cache goes now
                 self._parked_metrics()
-            self.m.inflight.set(len(self._active))
+            self.m.inflight.set(self.inflight)
             self._lock.notify_all()
         self._flow_q.poke()
         self._voc_q.poke()
 
     def idle(self) -> bool:
-        return not self._active
+        return not self._active and not self._reserved
 
     def abort_all(self, outcome: Outcome, message: str) -> int:
         """Ends every request in flight with `outcome` (the drain deadline passed); returns how many."""
