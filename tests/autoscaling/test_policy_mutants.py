@@ -537,6 +537,22 @@ def test_an_idle_phase_forecasts_no_replicas() -> None:
     assert (f[0], max(f)) == (0.0, replicas_at(10.0, 4.0))
 
 
+def test_a_service_idle_most_of_each_cycle_forecasts_its_busy_quarter() -> None:
+    """10 req/s of 8 s requests the first quarter of every 20 minutes, none the rest: the typical (median)
+    rate is 0, and the idle samples measure no length at all."""
+    rate = tuple(10.0 if i % 20 < 5 else 0.0 for i in range(57))
+    f = forecast(rate, tuple(8.0 * r for r in rate), 0.0, 8.0)
+    assert max(f) == replicas_at(10.0, 8.0) and min(f) == 0.0
+
+
+def test_a_pattern_remembered_over_a_history_now_all_idle_forecasts_nothing() -> None:
+    """The period found a minute ago is kept for five; if the history now reads all zero (a new Prometheus),
+    the forecast is zero, not an error."""
+    m = Metrics(qps=0.0, audio_s=4.0, rate_history=(0.0,) * 57, work_history=(0.0,) * 57)
+    d = run(m, 2, MEASURED, History(season_s=1200.0, season_checked=0.0))
+    assert d.history.forecast and set(d.history.forecast) == {0.0}
+
+
 def test_the_forecast_kept_in_the_status_is_rounded_to_thousandths() -> None:
     f = forecast(square(40.0, 8.0), square(160.0, 32.0), 8.0, 4.0)
     assert all(x == round(x, 3) for x in f) and any(x != round(x, 2) for x in f)
