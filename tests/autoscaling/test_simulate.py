@@ -194,10 +194,15 @@ def test_trace_csv_with_header_request_lengths_and_outage(tmp_path: Path) -> Non
     assert trace.duration == 180 and trace.rate[59] == 10 and trace.rate[60] == 20 and trace.rate[179] == 5
     assert (trace.audio_s[0], trace.audio_s[60], trace.audio_s[120]) == (5.0, 12.0, 20.0)
     assert trace.outages == [(30.0, 90.0)]
-    for bad, why in [("0,10\n0,12\n", "must increase"), ("0,-1\n", "≥ 0"), ("0,ten\n", "expected t_seconds")]:
+    for bad, why in [("0,10\n0,12\n", "must increase"), ("0,-1\n", "≥ 0"), ("0,ten\n", "expected t_seconds"),
+                     ("0,5,nan\n", "finite number"), ("0,5\n60,inf\n", ":2: every value must be a finite"),
+                     ("0,5,12,3\n", "expected t_seconds,rate_rps\\[,mean_audio_s\\], got '0,5,12,3'")]:
         (tmp_path / "bad.csv").write_text(bad)
         with pytest.raises(ValueError, match=why):
             traces.read_csv(tmp_path / "bad.csv", 12.0)
+    with pytest.raises(ValueError, match=r"--outage 200:300: starts after the trace ends \(180 s"):
+        traces.read_csv(path, 12.0, [(200.0, 300.0)])
+    assert traces.read_csv(path, 12.0, [(150.0, 900.0)]).outages == [(150.0, 900.0)]  # to the end
 
 
 def test_cli_replays_a_csv_with_an_outage_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -172,12 +172,16 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
                 continue  # the header: the first line only, so rows in another format are reported, not skipped
             header_allowed = False
             try:
+                if any(x.strip() for x in row[3:]):
+                    raise ValueError("a fourth column")
                 t, rate = float(row[0]), float(row[1])
                 audio = float(row[2]) if len(row) > 2 and row[2].strip() else default_audio_s
             except (ValueError, IndexError):
                 raise ValueError(f"{path}:{i}: expected t_seconds,rate_rps[,mean_audio_s], got {','.join(row)!r}") \
                     from None
-            if rate < 0 or audio <= 0 or not (math.isfinite(rate) and math.isfinite(t)):
+            if not all(math.isfinite(x) for x in (t, rate, audio)):
+                raise ValueError(f"{path}:{i}: every value must be a finite number, got {','.join(row)!r}")
+            if rate < 0 or audio <= 0:
                 raise ValueError(f"{path}:{i}: the rate must be ≥ 0 and the audio length > 0")
             if rows and t <= rows[-1][0]:
                 raise ValueError(f"{path}:{i}: t_seconds must increase ({t} after {rows[-1][0]})")
@@ -203,6 +207,9 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
     for a, b in outages:
         if not 0 <= a < b:
             raise ValueError(f"--outage {a:g}:{b:g}: expected START:END seconds with 0 ≤ START < END")
+        if a >= end:
+            raise ValueError(f"--outage {a:g}:{b:g}: starts after the trace ends ({end} s; times are seconds from "
+                             "its first row)")
     return Trace(Path(path).stem, rate, audio, list(outages), 0, {"file": str(path)})
 
 
