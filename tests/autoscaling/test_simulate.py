@@ -246,13 +246,16 @@ def test_a_trace_too_large_to_replay_is_refused_before_anything_is_allocated(tmp
     (["--profile", "__FILE__"], "is not a profile written by bench.capacity"),
     (["--from-prometheus", "http://127.0.0.1:9", "--range", "90d"], "expected 0 < step ≤ range ≤ 31d"),
     (["--from-prometheus", "http://127.0.0.1:9", "--range", "1h"], "error: Prometheus at http://127.0.0.1:9: "),
+    (["--traces", "stepp"], "unknown trace family 'stepp'; the families are step, ramp,"),
+    (["--traces", "step", "--seeds", "11"], "--seeds 11: the heldout set has 10 traces per family"),
 ])
 def test_cli_refuses_meaningless_parameters_with_a_message_not_a_traceback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], why: str) -> None:
     (tmp_path / "load.csv").write_text("0,5\n60,6\n")
     flags = [str(tmp_path / "load.csv") if f == "__FILE__" else f for f in flags]
-    source = [] if "--from-prometheus" in flags else ["--trace-file", str(tmp_path / "load.csv")]
-    assert main(["simulate", *source, "--seeds", "1", "--policies", "policy", *flags,
+    source = [] if "--from-prometheus" in flags or "--traces" in flags else ["--trace-file", str(tmp_path / "load.csv")]
+    seeds = [] if "--seeds" in flags else ["--seeds", "1"]
+    assert main(["simulate", *source, *seeds, "--policies", "policy", *flags,
                  "--save-trace", str(tmp_path / "saved.csv")]) == 2
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err

@@ -689,7 +689,15 @@ def load_traces(args: Any, cfg: SimConfig) -> list[tuple[Trace, int]]:
         return [(traces.read_csv(path, cfg.audio_s, outages), s) for s in range(args.seeds)]
     if outages:
         raise ValueError("--outage applies to --trace-file or --from-prometheus traces")
-    return generated(args.traces.split(","), args.set, args.seeds, cfg)
+    families = args.traces.split(",")
+    unknown = [f for f in families if f not in traces.FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown trace family {unknown[0]!r}; the families are {', '.join(traces.FAMILIES)} "
+                         "(--trace-file replays your own)")
+    available = len(traces.SETS[args.set].seeds)
+    if args.seeds > available:
+        raise ValueError(f"--seeds {args.seeds}: the {args.set} set has {available} traces per family")
+    return generated(families, args.set, args.seeds, cfg)
 
 
 def run_cli(args: Any, clock: Callable[[], float]) -> int:
