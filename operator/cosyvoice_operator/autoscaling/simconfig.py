@@ -83,7 +83,8 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--set", choices=("tuning", "heldout"), default="heldout",
                     help="parameter ranges and seeds of generated traces (default heldout)")
     ap.add_argument("--seeds", type=_at_least_one, default=10,
-                    help="traces per family, from the set's seeds (default 10)")
+                    help="generated traces per family, from the set's 10 (default 10); with a trace file, "
+                         "replays of it with other random arrivals")
     ap.add_argument("--outage", action="append", default=[], metavar="START:END",
                     help="seconds of the trace during which the service's metrics vanish (repeatable)")
     ap.add_argument("--query", default="sum(rate(cosyvoice_requests_total[1m]))",
