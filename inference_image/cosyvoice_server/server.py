@@ -21,6 +21,10 @@ from .timeouts import header_timeout_protocol, websocket_protocol
 
 log = logging.getLogger(__name__)
 
+# After the drain deadline, how long requests still normalising their text get to reach the scheduler and
+# be answered 503 (the longest input takes about a second of one worker)
+NORMALISING_GRACE_S = 5.0
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
@@ -55,8 +59,12 @@ class DrainingServer(uvicorn.Server):
         left = app_state.scheduler.abort_all(Outcome.SHUTDOWN, "the drain timeout passed")
         if left:
             # Their handlers now answer 503 in OpenAI's shape (or end their streams with an error
-            # event); give them a moment to write it before uvicorn closes the connections.
+            # event); those still normalising text do when it is done (at most a second or so). Give
+            # them a moment to write it before uvicorn closes the connections.
             log.warning("drain timeout: %d request(s) still in flight get 503", left)
+            until = time.monotonic() + NORMALISING_GRACE_S
+            while app_state.scheduler.normalising and time.monotonic() < until:
+                await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
         else:
             log.info("drained; exiting")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from cosyvoice_server.api.schemas import SpeechRequest
@@ -74,3 +76,22 @@ async def test_a_slot_is_held_while_the_text_is_normalised_and_given_back_if_not
             raise ValueError("no speakable text")
     assert sched.inflight == 0 and sched.idle()
     assert metrics.registry.get_sample_value("cosyvoice_inflight_requests") == 0
+
+
+async def test_a_request_normalising_its_text_when_everything_is_aborted_ends_the_same_way(pipeline) -> None:
+    metrics = Metrics()
+    state = ServerState(Settings(), metrics, pipeline=pipeline,
+                        scheduler=Scheduler(pipeline, SchedulerConfig(2, 5.0, 0), metrics))
+    sched = state.scheduler
+    running = state.new_request(SpeechRequest(model="tts-1", input="Already running."))
+    sched.submit(running)
+    with sched.admission() as submit:
+        assert sched.abort_all(Outcome.SHUTDOWN, "the drain timeout passed") == 2  # the running one and this one
+        assert sched.normalising == 1 and not sched.idle()
+        late = state.new_request(SpeechRequest(model="tts-1", input="Normalised after the deadline."))
+        submit(late)
+    assert sched.idle() and sched.inflight == 0
+    await asyncio.sleep(0)  # push_done hands the end to the event loop
+    for req in (running, late):
+        done = req.out.get_nowait()
+        assert (done.outcome, done.message) == (Outcome.SHUTDOWN, "the drain timeout passed")

@@ -90,6 +90,7 @@ class Scheduler:
         self._enqueued: dict[int, float] = {}
         self._active: dict[int, SynthesisRequest] = {}
         self._reserved = 0  # slots held for requests whose text is being normalised (admission())
+        self._aborted: Done | None = None  # abort_all's end, also for requests submitted after it
         self._in_llm: set[int] = set()
         self._in_flow: dict[int, int] = {}
         # Bistream sessions out of the batch, waiting for text, in the order they left it; each with the
@@ -159,6 +160,7 @@ class Scheduler:
                 self._reserved -= 1
                 held = False
                 self._enqueue_locked(req)
+            self._end_if_aborted(req)
 
         try:
             yield submit
@@ -173,6 +175,13 @@ class Scheduler:
         with self._lock:
             self._admit_locked()
             self._enqueue_locked(req)
+        self._end_if_aborted(req)
+
+    def _end_if_aborted(self, req: SynthesisRequest) -> None:
+        """A request submitted after abort_all (its text was being normalised then) ends as the others did."""
+        if self._aborted is not None:
+            req.push_done(self._aborted)
+            self.release(req, self._aborted.outcome)
 
     def _enqueue_locked(self, req: SynthesisRequest) -> None:
         self._active[id(req)] = req
@@ -217,13 +226,21 @@ class Scheduler:
         return not self._active and not self._reserved
 
     def abort_all(self, outcome: Outcome, message: str) -> int:
-        """Ends every request in flight with `outcome` (the drain deadline passed); returns how many."""
+        """Ends every request in flight with `outcome` (the drain deadline passed), and each one whose text is
+        still being normalised as soon as it is submitted; returns how many."""
         with self._lock:
+            self._aborted = Done(outcome, message)
             victims = list(self._active.values())
+            pending = self._reserved
         for req in victims:
             req.push_done(Done(outcome, message))
             self.release(req, outcome)
-        return len(victims)
+        return len(victims) + pending
+
+    @property
+    def normalising(self) -> int:
+        """Requests holding a slot while their text is normalised."""
+        return self._reserved
 
     # Workers ----------------------------------------------------------------------------------
     def _guard(self, loop: Callable[[], None], stage: str) -> None:
