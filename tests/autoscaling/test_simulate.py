@@ -2,6 +2,7 @@
 full report in docs/autoscaling.md rests on."""
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -297,6 +298,22 @@ def test_a_service_manifest_is_simulated_with_its_own_policy_before_it_is_enable
     assert main([*common, "--out", str(tmp_path / "default")]) == 0
     runs = json.loads((tmp_path / "default" / "results.json").read_text())["runs"]
     assert runs[0]["gpu_hours"] > 3 * 10 / 60
+
+
+def test_a_service_is_read_from_standard_input_as_kubectl_prints_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubectl get cvs tts-canary -o yaml | cosyvoice-operator simulate --service - ...`: the stored object, with
+    its status and server-side metadata."""
+    stored = SERVICE.replace("metadata: {name: tts-canary}", "metadata:\n  name: tts-canary\n  namespace: speech\n"
+                             "  resourceVersion: '4711'\n  managedFields: [{manager: kubectl}]") + \
+        "status:\n  phase: Ready\n  replicas: 2\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(stored))
+    (tmp_path / "load.csv").write_text("0,5\n60,6\n")
+    assert main(["simulate", "--trace-file", str(tmp_path / "load.csv"), "--seeds", "1", "--policies", "policy",
+                 "--service", "-", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "CosyVoiceService tts-canary: replicas 2–3, SLO p95 1500 ms" in out.err
+    assert json.loads(out.out)["rows"][0]["policy"] == "policy"
 
 
 @pytest.mark.parametrize(("text", "why"), [

@@ -99,8 +99,8 @@ def add_arguments(ap: Any) -> None:
                          "a fixed pool K replicas above (below) the one sized for the peak")
     ap.add_argument("--service", metavar="YAML",
                     help="simulate the policy of this CosyVoiceService manifest (its spec.autoscaling, enabled or "
-                         "not yet): its SLO, replica bounds, cold start, batching and capacity profile replace "
-                         "the flags' values")
+                         "not yet; - reads it from standard input, e.g. from kubectl get cvs NAME -o yaml): its "
+                         "SLO, replica bounds, cold start, batching and capacity profile replace the flags' values")
     ap.add_argument("--jobs", type=_at_least_one, default=1, help="processes")
     ap.add_argument("--json", action="store_true", help="print the summary rows and verdicts as JSON")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")

@@ -707,7 +707,8 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         cfg = SimConfig(**{k: getattr(args, k) for k in SimConfig.__dataclass_fields__})
         settings = None
         if args.service:
-            cfg, settings, taken = service_config(Path(args.service).read_text(), cfg)
+            text = sys.stdin.read() if args.service == "-" else Path(args.service).read_text()
+            cfg, settings, taken = service_config(text, cfg)
             print(taken, file=sys.stderr)
         load_profile(cfg)
         work = load_traces(args, cfg)
