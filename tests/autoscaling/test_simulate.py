@@ -220,6 +220,24 @@ def test_cli_replays_a_csv_with_an_outage_as_json(tmp_path: Path, capsys: pytest
     assert main(["simulate", "--trace-file", str(tmp_path / "missing.csv")]) == 2
 
 
+def test_the_first_part_of_a_replayed_trace_can_be_history_that_is_not_scored(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A day exported from Prometheus is replayed with its first hours as the history a running service has:
+    every autoscaler sees it, nobody is scored on it (a fixed pool's GPU-hours count the scored part only)."""
+    cap = PROFILE.rate_at_slo(1.0, 12.0)
+    (tmp_path / "load.csv").write_text("".join(f"{60 * i},{2 * cap:.2f}\n" for i in range(20)))
+    common = ["simulate", "--trace-file", str(tmp_path / "load.csv"), "--seeds", "1", "--policies", "static", "--json"]
+    assert main([*common, "--history", "15m"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["gpu_hours"] == pytest.approx(2 * 5 / 60)
+    assert main([*common]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["gpu_hours"] == pytest.approx(2 * 20 / 60)
+    assert main([*common, "--history", "20m"]) == 2
+    assert "--history 20m: the trace is 1200 s long; its history must leave at least a minute" in \
+        capsys.readouterr().err
+    assert main(["simulate", "--traces", "step", "--history", "1h"]) == 2
+    assert "--history applies to --trace-file" in capsys.readouterr().err
+
+
 def test_a_csv_in_another_format_is_reported_at_its_line_not_skipped_as_headers(tmp_path: Path) -> None:
     (tmp_path / "semicolons.csv").write_text("t_seconds;rate_rps\n0;5\n60;6\n")
     with pytest.raises(ValueError, match=r"semicolons.csv:2: expected t_seconds,rate_rps"):

@@ -87,6 +87,9 @@ def add_arguments(ap: Any) -> None:
                          "replays of it with other random arrivals")
     ap.add_argument("--outage", action="append", default=[], metavar="START:END",
                     help="seconds of the trace during which the service's metrics vanish (repeatable)")
+    ap.add_argument("--history", metavar="DURATION",
+                    help="the trace's first DURATION (e.g. 1d) is history: replayed for every autoscaler and in "
+                         "the forecast's lookback, as Prometheus holds it for a running service, but not scored")
     ap.add_argument("--query", default="sum(rate(cosyvoice_requests_total[1m]))",
                     help="with --from-prometheus: requests/s of the service")
     ap.add_argument("--audio-query", default=None,

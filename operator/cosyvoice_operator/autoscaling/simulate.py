@@ -686,7 +686,16 @@ def load_traces(args: Any, cfg: SimConfig) -> list[tuple[Trace, int]]:
         traces.export_prometheus(args.from_prometheus, args.query, range_s, step_s, args.audio_query, path)
         print(f"wrote {path}")
     if path:
-        return [(traces.read_csv(path, cfg.audio_s, outages), s) for s in range(args.seeds)]
+        trace = traces.read_csv(path, cfg.audio_s, outages)
+        if args.history:
+            lead = traces.parse_duration(args.history)
+            if not 0 <= lead <= trace.duration - 60:
+                raise ValueError(f"--history {args.history}: the trace is {trace.duration} s long; its history must "
+                                 "leave at least a minute to score")
+            trace = replace(trace, lead_s=int(lead))
+        return [(trace, s) for s in range(args.seeds)]
+    if args.history:
+        raise ValueError("--history applies to --trace-file or --from-prometheus traces (generated ones have theirs)")
     if outages:
         raise ValueError("--outage applies to --trace-file or --from-prometheus traces")
     families = args.traces.split(",")
