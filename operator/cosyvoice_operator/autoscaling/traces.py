@@ -171,14 +171,14 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
                 header_allowed = False
                 continue  # the header: the first line only, so rows in another format are reported, not skipped
             header_allowed = False
-            shape = f"{path}:{i}: expected t_seconds,rate_rps[,mean_audio_s], got {','.join(row)!r}"
-            if any(x.strip() for x in row[3:]):
-                raise ValueError(shape)
             try:
                 t, rate = float(row[0]), float(row[1])
                 audio = float(row[2]) if len(row) > 2 and row[2].strip() else default_audio_s
+                malformed = any(x.strip() for x in row[3:])  # a fourth column
             except (ValueError, IndexError):
-                raise ValueError(shape) from None
+                malformed = True
+            if malformed:
+                raise ValueError(f"{path}:{i}: expected t_seconds,rate_rps[,mean_audio_s], got {','.join(row)!r}")
             if not all(math.isfinite(x) for x in (t, rate, audio)):
                 raise ValueError(f"{path}:{i}: every value must be a finite number, got {','.join(row)!r}")
             if rate < 0 or audio <= 0:
