@@ -128,14 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--renew-deadline", type=float, default=10.0,
                      help="seconds the leader keeps acting without a successful renewal")
     run.add_argument("--retry-period", type=float, default=2.0, help="seconds between Lease attempts")
-    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     run.add_argument("--log-json", action="store_true", help="log as JSON lines")
     run.set_defaults(func=_cmd_run)
 
     rend = sub.add_parser("render", help="print the objects a CosyVoiceService produces (no cluster needed)")
     rend.add_argument("-f", "--file", required=True, help="YAML file with CosyVoiceService(s), or - for stdin")
     rend.add_argument("-n", "--namespace", default="default", help="namespace for resources that set none")
-    rend.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    rend.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="format (default yaml)")
     rend.set_defaults(func=_cmd_render)
 
     sim = sub.add_parser("simulate", help="replay traffic traces against the autoscaling policy, HPA v2, KEDA, "

@@ -1,6 +1,7 @@
 """The ``cosyvoice-operator`` console script: ``render`` without a cluster, ``run`` argument handling."""
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import subprocess
@@ -107,3 +108,15 @@ def test_run_refuses_a_bad_configuration_in_one_line(tmp_path: Path, monkeypatch
     assert code == 2 and err.startswith("error: invalid operator configuration") and "maxReplicas" in err
     code, out, err = run_cli(["run", "-A", "--leader-elect", "--renew-deadline", "20"], monkeypatch)
     assert code == 2 and "renew deadline < lease duration" in err
+
+
+def test_every_flag_of_every_command_says_what_it_does_and_the_simulator_shows_its_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # one line per flag
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        silent = [a.option_strings[-1] for a in command._actions if a.option_strings and not a.help]
+        assert not silent, f"{name}: flags without help: {silent}"
+    text = sub.choices["simulate"].format_help()
+    assert "(default 120.0)" in text and "(default 40)" in text and "(default tiny-cpu)" in text

@@ -27,20 +27,31 @@ BOUNDS: dict[str, tuple[float, bool]] = {
 }
 
 
+def _param(default: Any = None, help: str = "", factory: Any = None) -> Any:
+    """A parameter with its flag's help text (the flags are made from these fields)."""
+    meta = {"help": help}
+    return field(default_factory=factory, metadata=meta) if factory else field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class SimConfig:
-    profile: str = "tiny-cpu"  # capacity profile (bench.capacity): a bundled name or a JSON file
-    audio_s: float = 12.0  # mean seconds of audio per request of generated traces (one or two sentences)
-    max_batch_size: int = field(default_factory=lambda: _deployed().max_batch_size)
-    max_queue_size: int = field(default_factory=lambda: _deployed().max_queue_size)
-    cold_start_s: float = 120.0  # a GPU replica: image pull, model load, warm-up
-    scrape_s: float = 15.0
-    rate_window_s: float = 60.0
-    slo_ms: float = 2000.0  # p95 of response time, per request and per minute (a 12 s utterance in 2 s)
-    target_qps_per_replica: float = 0.0  # the baselines' per-pod target; 0: the profile's rate at the SLO
-    min_replicas: int = 1
-    max_replicas: int = 40
-    minutes: float = 60.0  # scored minutes of a generated trace (after its history lead)
+    profile: str = _param("tiny-cpu", "capacity profile of one replica: a bundled name or a JSON file written by "
+                                      "bench/capacity.py")
+    audio_s: float = _param(12.0, "mean seconds of audio per request (one or two sentences) of generated traces and "
+                                  "of trace files without a third column")
+    max_batch_size: int = _param(help="the replica's batch size; the default is what the operator deploys",
+                                 factory=lambda: _deployed().max_batch_size)
+    max_queue_size: int = _param(help="the replica's queue before it answers 429; the default is what the operator "
+                                      "deploys", factory=lambda: _deployed().max_queue_size)
+    cold_start_s: float = _param(120.0, "seconds from a pod's creation to its first answer: image pull, model load, "
+                                        "warm-up")
+    scrape_s: float = _param(15.0, "Prometheus scrape interval, seconds")
+    rate_window_s: float = _param(60.0, "window of the baselines' rate() queries, seconds")
+    slo_ms: float = _param(2000.0, "objective, ms: p95 of response time per minute")
+    target_qps_per_replica: float = _param(0.0, "the baselines' requests/s per pod; 0: the profile's rate at the SLO")
+    min_replicas: int = _param(1, "replica floor of every autoscaler")
+    max_replicas: int = _param(40, "replica ceiling of every autoscaler")
+    minutes: float = _param(60.0, "scored minutes of a generated trace, after its history lead")
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:  # the same rule as the CRD: no wake-up path exists at zero
@@ -77,7 +88,9 @@ def add_arguments(ap: Any) -> None:
     d = SimConfig()
     src = ap.add_argument_group("traffic (one of)")
     src.add_argument("--traces", default=",".join(FAMILIES), help=f"generated families: {', '.join(FAMILIES)}")
-    src.add_argument("--trace-file", metavar="CSV", help="replay t_seconds,rate_rps[,mean_audio_s] rows")
+    src.add_argument("--trace-file", metavar="CSV",
+                     help="replay t_seconds,rate_rps[,mean_audio_s] rows (the time in seconds, or an ISO 8601 date "
+                          "as Grafana exports it)")
     src.add_argument("--from-prometheus", metavar="URL",
                      help="export --query over --range from Prometheus as a trace, then replay it")
     ap.add_argument("--set", choices=("tuning", "heldout"), default="heldout",
@@ -109,4 +122,5 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")
     for f in SimConfig.__dataclass_fields__.values():
         kind = _min_replicas if f.name == "min_replicas" else type(getattr(d, f.name))
-        ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name))
+        ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name),
+                        help=f.metadata["help"] + " (default %(default)s)")
