@@ -246,6 +246,24 @@ def test_a_csv_in_another_format_is_reported_at_its_line_not_skipped_as_headers(
     assert list(traces.read_csv(tmp_path / "excel.csv", 12.0).rate[[0, 60]]) == [5.0, 8.0]
 
 
+def test_a_csv_with_dates_as_grafana_and_spreadsheets_write_them_replays_by_their_differences(
+        tmp_path: Path) -> None:
+    (tmp_path / "grafana.csv").write_text('"Time","sum(rate(cosyvoice_requests_total[1m]))"\n'
+                                          '2026-11-25 10:00:00,5\n2026-11-25 10:01:00,8\n2026-11-25 10:03:00,2\n')
+    trace = traces.read_csv(tmp_path / "grafana.csv", 12.0)
+    assert trace.duration == 240 and list(trace.rate[[0, 60, 179, 180, 239]]) == [5.0, 8.0, 8.0, 2.0, 2.0]
+    (tmp_path / "rfc3339.csv").write_text("2026-11-25T23:59:30Z,4,6\n2026-11-26T01:00:30+01:00,7,9\n")
+    trace = traces.read_csv(tmp_path / "rfc3339.csv", 12.0)  # the offsets count: the rows are 60 s apart
+    assert trace.duration == 120 and list(trace.rate[[59, 60]]) == [4.0, 7.0] and trace.audio_s[60] == 9.0
+    for bad, why in [("2026-11-25 10:00:00,5\n600,5\n", r":2: expected a date and time like the first row's"),
+                     ("0,5\n2026-11-25 10:00:00,5\n", r":2: expected seconds like the first row's"),
+                     ("2026-11-25 10:01:00,5\n2026-11-25 10:00:00,5\n",
+                      r":2: the times must increase \(2026-11-25 10:00:00 after 2026-11-25 10:01:00\)")]:
+        (tmp_path / "bad.csv").write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            traces.read_csv(tmp_path / "bad.csv", 12.0)
+
+
 def test_a_trace_too_large_to_replay_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
     (tmp_path / "millis.csv").write_text("0,5\n2000000,5\n")  # milliseconds read as seconds: 46 days
     with pytest.raises(ValueError, match=r"spans 46.3 days; at most 31 .*is t_seconds in seconds"):

@@ -14,7 +14,8 @@ from cosyvoice_operator.autoscaling.simulate import SimConfig, load_profile, mak
 
 VALID = "t_seconds,rate_rps,mean_audio_s\n" + "".join(f"{60 * i},{2 + i % 3},{6 + i % 5}\n" for i in range(8))
 TOKENS = ["nan", "inf", "-inf", "-1", "1e400", "1e9", "0", "", " ", "x", ";", ",", ",,", "\ufeff", "\x00", "#",
-          "\r", "\n", "1e-300", "0x10", "١٢", "60", "30", "-60"]
+          "\r", "\n", "1e-300", "0x10", "١٢", "60", "30", "-60",
+          "2026-11-25 10:00:00", "2026-11-25T10:01:00Z", "2026-02-30 10:00", "2026-11-25T10:00:00+25:00", "9999-12-31"]
 
 
 def damaged(rng: np.random.Generator) -> str:

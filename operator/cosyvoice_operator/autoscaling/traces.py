@@ -159,20 +159,29 @@ MAX_REQUESTS = 50_000_000  # every request is simulated: about 25 bytes and 50 Â
 
 
 def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[float, float]] = ()) -> Trace:
-    """A trace from ``t_seconds,rate_rps[,mean_audio_s]`` rows (a header line is allowed). Each row's values
-    hold until the next row's time; the last row holds for one more interval."""
+    """A trace from ``t_seconds,rate_rps[,mean_audio_s]`` rows (a header line is allowed). The time is seconds
+    (from any origin) or a date and time as Grafana's CSV export and spreadsheets write it (ISO 8601; only the
+    differences count, so a missing offset does not matter). Each row's values hold until the next row's time;
+    the last row holds for one more interval."""
     rows: list[tuple[float, float, float]] = []
     header_allowed = True
+    dated: bool | None = None  # whether the file's times are dates (set by its first row)
+    previous = ""  # the last row's time, as written
     with open(path, newline="", encoding="utf-8-sig") as f:
         for i, row in enumerate(csv.reader(f), 1):
             if not row or row[0].strip().startswith("#"):
                 continue
-            if header_allowed and not _is_number(row[0]):
+            stamp = _timestamp(row[0])
+            if header_allowed and not _is_number(row[0]) and stamp is None:
                 header_allowed = False
                 continue  # the header: the first line only, so rows in another format are reported, not skipped
             header_allowed = False
+            dated = stamp is not None if dated is None else dated
+            if (stamp is not None) != dated:
+                kind = "a date and time" if dated else "seconds"
+                raise ValueError(f"{path}:{i}: expected {kind} like the first row's, got {','.join(row)!r}")
             try:
-                t, rate = float(row[0]), float(row[1])
+                t, rate = stamp if stamp is not None else float(row[0]), float(row[1])
                 audio = float(row[2]) if len(row) > 2 and row[2].strip() else default_audio_s
                 malformed = any(x.strip() for x in row[3:])  # a fourth column
             except (ValueError, IndexError):
@@ -184,8 +193,9 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
             if rate < 0 or audio <= 0:
                 raise ValueError(f"{path}:{i}: the rate must be â‰¥ 0 and the audio length > 0")
             if rows and t <= rows[-1][0]:
-                raise ValueError(f"{path}:{i}: t_seconds must increase ({t} after {rows[-1][0]})")
+                raise ValueError(f"{path}:{i}: the times must increase ({row[0].strip()} after {previous})")
             rows.append((t, rate, audio))
+            previous = row[0].strip()
     if not rows:
         raise ValueError(f"{path}: no rows (expected t_seconds,rate_rps[,mean_audio_s])")
     t0 = rows[0][0]
@@ -211,6 +221,21 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
             raise ValueError(f"--outage {a:g}:{b:g}: starts after the trace ends ({end} s; times are seconds from "
                              "its first row)")
     return Trace(Path(path).stem, rate, audio, list(outages), 0, {"file": str(path)})
+
+
+def _timestamp(text: str) -> float | None:
+    """Seconds since the epoch of an ISO 8601 date and time (``2026-11-25T10:00:00Z``, ``2026-11-25 10:00:00``;
+    without an offset, UTC), or None when the text is not one (a bare number is seconds, not a date)."""
+    import datetime as dt
+
+    text = text.strip()
+    if _is_number(text) or len(text) < 10:  # fromisoformat would read "20261125" as a date
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 def _is_number(text: str) -> bool:
