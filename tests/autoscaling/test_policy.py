@@ -86,7 +86,9 @@ def test_decision(settings: Settings, metrics: Metrics, current: int, ready: int
 @pytest.mark.parametrize(("metrics", "ready", "added"), [
     (m(16.0, p95_ms=2000), 4, True),  # over the objective for a whole window, nothing warming: +25 %
     (m(16.0, p95_ms=500, ttfa_p95_ms=600), 4, True),  # the streaming objective counts the same way
-    (m(16.0, p95_ms=2000, inflight_growth=-3.0), 4, False),  # the backlog is draining: the p95 lags, wait
+    (m(16.0, p95_ms=2000, inflight=60, inflight_growth=-3.0), 4, False),  # a backlog draining: the p95 lags, wait
+    # a steady gauge's slope is negative half the time: 3 fewer in flight over the minute is its noise at 20
+    (m(16.0, p95_ms=2000, inflight=20, inflight_growth=-0.05), 4, True),
     (m(16.0, p95_ms=2000), 3, False),  # a pod is warming: it is the capacity on its way
     (m(16.0, p95_ms=1050), 4, False),  # within tolerance of the objective
 ])

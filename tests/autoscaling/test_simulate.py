@@ -12,7 +12,7 @@ import pytest
 
 from cosyvoice_operator.autoscaling import traces
 from cosyvoice_operator.autoscaling.baselines import HPA, KEDA, Observation, ProjectPolicy
-from cosyvoice_operator.autoscaling.policy import Metrics
+from cosyvoice_operator.autoscaling.policy import Metrics, Settings
 from cosyvoice_operator.autoscaling.simulate import (RunResult, SimConfig, Trace, generated, load_profile, make_scaler,
                                                      needed_replicas, pool_bound, simulate)
 from cosyvoice_operator.cli import main
@@ -96,6 +96,20 @@ def test_a_pool_sized_from_the_profile_meets_the_slo_and_one_replica_less_does_n
     assert sized.gpu_hours == pytest.approx(4 * 600 / 3600, rel=0.02)
     short = simulate(trace, replace(make_scaler("static", CFG, trace, PROFILE), replicas=3), CFG, 0, PROFILE)
     assert short.minute_attainment < 0.5  # 120 % of what 3 replicas take within the SLO
+
+
+def test_a_target_set_too_high_for_the_replica_is_corrected_by_the_latency_guardrail() -> None:
+    """targetQPSPerReplica that a replica cannot serve within the objective (a number from other hardware): the
+    count it gives leaves the p95 above the objective, and the guardrail adds replicas until it is met. The
+    in-flight gauge of a steady load scatters around a constant: it is no backlog draining."""
+    cap = PROFILE.rate_at_slo(CFG.slo_ms / 1000, CFG.audio_s)
+    trace = flat(2.5 * cap, 1500)  # needs 3 replicas; the target says 2
+    settings = replace(Settings(), target_qps_per_replica=1.3 * cap, target_p95_ms=CFG.slo_ms, min_replicas=1,
+                       max_replicas=10, cold_start_s=CFG.cold_start_s)
+    run = simulate(trace, ProjectPolicy(settings), CFG, 0, PROFILE)
+    assert run.series["replicas"][3] == 2  # what the target asks, at first
+    late = run.series["p95_ms"][15:]
+    assert min(run.series["replicas"][15:]) >= 3 and max(late) <= CFG.slo_ms, (run.series["replicas"], late)
 
 
 # --- the policy on the families ----------------------------------------------------------------------

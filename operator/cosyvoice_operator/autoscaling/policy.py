@@ -39,7 +39,8 @@ How a decision is made (``decide``):
    needs more than the replicas running: the band is for noise; on a slow climb it would keep the count
    a replica short all along.
 5. **p95 guardrail with hysteresis**: p95 (or time to first audio) above ``target × (1 + tolerance)``
-   for a whole rate window with no pod warming and no backlog draining adds ``latencyGuardStepPercent``
+   for a whole rate window with no pod warming and no backlog draining (the in-flight gauge falling by more
+   than its noise over the rate window) adds ``latencyGuardStepPercent``
    of the replicas (at least 1); a p95 above the target forbids scaling down, and one above
    ``sizingLatencyRatio × target`` keeps a spare replica above the demand's count. Latency is not
    proportional to replicas, so it never sets the count alone.
@@ -610,7 +611,11 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         message = f"{signal} needs {needed:.2f} replicas"
     # 5. Latency guardrail, with hysteresis.
     if lat is not None:
-        draining = (metrics.inflight_growth or 0.0) < 0  # a backlog already shrinking: the p95 lags, wait
+        # A backlog already shrinking: the p95 lags it, wait. Shrinking beyond the gauge's noise (in-flight counts
+        # scatter like Poisson counts): a slope fitted to a steady gauge is negative half the time, and would
+        # keep the guardrail from ever seeing a whole window
+        fall = -(metrics.inflight_growth or 0.0) * RATE_WINDOW_S
+        draining = fall > BURST_Z * math.sqrt(max(metrics.inflight or 0.0, 1.0))
         hot = lat > 1.0 + s.tolerance and warming == 0 and not draining
         hot_since = (history.hot_since if history.hot_since is not None else now) if hot else None
         # The windowed p95 describes the last rate window: act once all of it was seen at this capacity.

@@ -191,24 +191,26 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
         last = int(now // cfg.scrape_s * cfg.scrape_s)
         if in_outage(last):
             return Observation(len(live), ready, Metrics(), empty=True)
+        # a scrape at `last` counts the seconds before it: completions are booked ahead (at their finish
+        # second), arrivals as they come, so second `last` itself would count the one and not the other
         first = max(0, last - window)
         span = max(1, last - first)
-        qps = done[first + 1:last + 1].sum() / span
+        qps = done[first:last].sum() / span
         short = max(0, last - 2 * int(cfg.scrape_s))
-        qps_short = done[short + 1:last + 1].sum() / max(1, last - short)
-        p95 = _quantile_from_buckets(hist[first + 1:last + 1].sum(axis=0), 0.95)
-        ok = ok_done[first + 1:last + 1].sum()
-        audio_s = audio_done[first + 1:last + 1].sum() / ok if ok else None
+        qps_short = done[short:last].sum() / max(1, last - short)
+        p95 = _quantile_from_buckets(hist[first:last].sum(axis=0), 0.95)
+        ok = ok_done[first:last].sum()
+        audio_s = audio_done[first:last].sum() / ok if ok else None
         # deriv(sum(rate(...[1m]))[5m:15s]): the trend of the rate over the last five minutes
         ts = [t for t in range(last, last - 300 - 1, -int(cfg.scrape_s)) if t - window >= 0][::-1]
-        rates = [done[t - window + 1:t + 1].sum() / window for t in ts]
+        rates = [done[t - window:t].sum() / window for t in ts]
         slope = float(np.polyfit(ts, rates, 1)[0]) if len(ts) >= 3 else None
         samples_t = list(range(last, first - 1, -int(cfg.scrape_s)))[::-1]
-        base = arrived[:first + 1].sum() - done[:first + 1].sum()
-        infl = [base + arrived[first + 1:t + 1].sum() - done[first + 1:t + 1].sum() for t in samples_t]
+        base = arrived[:first].sum() - done[:first].sum()
+        infl = [base + arrived[first:t].sum() - done[first:t].sum() for t in samples_t]
         growth = float(np.polyfit(samples_t, infl, 1)[0]) if len(samples_t) >= 2 else 0.0
         # deriv(inflight[30s]): the gauge's change over the short window (its samples at short and last)
-        infl_short = arrived[:short + 1].sum() - done[:short + 1].sum()
+        infl_short = arrived[:short].sum() - done[:short].sum()
         growth_short = (infl[-1] - infl_short) / max(1, last - short)
         history: tuple[float, ...] = ()
         work: tuple[float, ...] = ()
@@ -218,12 +220,12 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
             # the 1-minute rates, one sample a minute (coarser for long lookbacks), as a range query returns them
             step = max(60.0, math.ceil(lookback / 240 / 60) * 60)
             ends = np.arange(last, max(window, last - int(lookback)) - 1, -int(step))[::-1]
-            cum = np.concatenate([[0.0], np.cumsum(done[:last + 1])])
-            history = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
+            cum = np.concatenate([[0.0], np.cumsum(done[:last])])
+            history = tuple(float(x) for x in (cum[ends] - cum[ends - window]) / window)
             short_w = 2 * int(cfg.scrape_s)  # the burst window, as qps_short
-            shorts = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - short_w]) / short_w)
-            cum = np.concatenate([[0.0], np.cumsum(audio_done[:last + 1])])
-            work = tuple(float(x) for x in (cum[ends + 1] - cum[ends + 1 - window]) / window)
+            shorts = tuple(float(x) for x in (cum[ends] - cum[ends - short_w]) / short_w)
+            cum = np.concatenate([[0.0], np.cumsum(audio_done[:last])])
+            work = tuple(float(x) for x in (cum[ends] - cum[ends - window]) / window)
         return Observation(len(live), ready, Metrics(qps=qps, inflight=infl[-1], inflight_growth=growth,
                                                      qps_short=qps_short, qps_slope=slope,
                                                      inflight_growth_short=growth_short, audio_s=audio_s,
