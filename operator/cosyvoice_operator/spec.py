@@ -226,6 +226,7 @@ class Autoscaling(_Model):
     forecast: Forecast = Field(default_factory=Forecast)
     outage_forecast_seconds: int = Field(default=600, ge=0, le=86400)
     latency_guard_step_percent: int = Field(default=25, ge=1, le=1000)
+    latency_guard_memory_seconds: int = Field(default=3600, ge=0, le=604800)
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:

@@ -104,6 +104,35 @@ def test_latency_guardrail_needs_a_sustained_breach(metrics: Metrics, ready: int
     assert added == (d.reason == "LatencyAboveTarget")
 
 
+def test_the_guardrail_remembers_the_count_it_found_too_few_until_its_memory_lapses() -> None:
+    """targetQPSPerReplica 4 says 16 req/s need 4 replicas, and at 4 the p95 stays over the objective: the
+    guardrail adds one, and from then on the sizing counts × 5/4, rather than going back into the breach once
+    the scale-down window has passed: 5 replicas at that load, 10 (not 8) at twice it. The correction is in
+    the persisted history, and lapses after latencyGuardMemorySeconds (0: not kept at all)."""
+    from cosyvoice_operator.autoscaling import state
+
+    def run_(s: Settings, steps: list[tuple[float, Metrics]], current: int, h: History) -> tuple[Decision, History]:
+        for now, metrics in steps:
+            d = decide(now, metrics, current=current, ready=current, policy=s, history=h)
+            current, h = d.desired, d.history
+        return d, h
+
+    s = replace(BASE, guard_memory_s=600.0)
+    hot = [(t, m(16.0, p95_ms=2000, inflight=20)) for t in (0.0, 15.0, 30.0, 45.0, 60.0)]
+    d, h = run_(s, hot, 4, History())
+    assert (d.desired, d.reason) == (5, "LatencyAboveTarget") and "sized × 1.25 for 10 min" in d.message
+    met = [(t, m(16.0, p95_ms=500, inflight=10)) for t in range(75, 600, 15)]
+    d, h = run_(s, met, 5, h)
+    assert d.desired == 5 and "× 1.25 (what the latency guardrail found it short)" in d.message
+    loaded = state.load(state.dump(h))
+    assert loaded is not None and (loaded.undercount, loaded.undercount_at) == (1.25, 60.0)
+    assert decide(600.0, m(32.0, p95_ms=500), current=5, ready=5, policy=s, history=loaded).desired == 10
+    d, _ = run_(s, [(t, m(16.0, p95_ms=500, inflight=10)) for t in range(660, 780, 15)], 5, h)
+    assert d.desired == 4  # forgotten: the target's count
+    d, _ = run_(replace(s, guard_memory_s=0.0), hot + met[:4], 4, History())
+    assert d.desired == 4
+
+
 def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:
     """A step's jump is in the 5-minute slope for 5 minutes: extrapolating it would overshoot the step."""
     from cosyvoice_operator.autoscaling.policy import TREND_WINDOW_S

@@ -68,7 +68,8 @@ CASES = [
      ok(4, "ScaleDown", f"{QPS} needs 0.50 replicas; raised to minReplicas 4", 1,
         {"needed": 0.5, "demand_qps": 2.0, "latency_ratio": 0.3}, limited="TooFewReplicas")),
     ("latency-adds-capacity", 60.0, NO_LIMITS, Metrics(qps=16.0, p95_ms=2000), 4, History(hot_since=0.0),
-     ok(5, "LatencyAboveTarget", "p95 at 200% of its objective with no replica warming: adding capacity", 4,
+     ok(5, "LatencyAboveTarget", "p95 at 200% of its objective with no replica warming: adding capacity; the "
+        "sizing gave 4.00 replicas: sized × 1.25 for 60 min (is the target or profile right for this replica?)", 4,
         {"needed": 4.0, "demand_qps": 16.0, "latency_ratio": 2.0})),
     ("latency-blocks-scale-down", 60.0, NO_LIMITS, Metrics(qps=8.0, p95_ms=1050), 4, History(),
      ok(4, "LatencyGuard", f"{QPS} would allow 2 replicas, but p95 is at 105% of its objective (scale-down needs "
@@ -332,10 +333,12 @@ def test_every_sizing_and_forecast_field_reaches_the_policy() -> None:
     auto = parse_spec({"autoscaling": {
         "enabled": True, "maxReplicas": 9, "targetP95LatencyMs": 1500, "capacityProfile": "tiny-cpu",
         "sizingLatencyRatio": 0.7, "coldStartSeconds": 90, "intervalSeconds": 30, "outageForecastSeconds": 300,
-        "latencyGuardStepPercent": 50, "forecast": {"lookbackSeconds": 7200, "minCorrelation": 0.75}}}).autoscaling
+        "latencyGuardStepPercent": 50, "latencyGuardMemorySeconds": 900,
+        "forecast": {"lookbackSeconds": 7200, "minCorrelation": 0.75}}}).autoscaling
     s = Settings.from_spec(auto, PROFILE)
     assert (s.profile, s.sizing_latency_ratio, s.cold_start_s, s.interval_s, s.follow_trend_s, s.guard_step_percent,
-            s.season_lookback_s, s.season_min_correlation) == (PROFILE, 0.7, 90.0, 30.0, 300.0, 50.0, 7200.0, 0.75)
+            s.guard_memory_s, s.season_lookback_s, s.season_min_correlation) == \
+        (PROFILE, 0.7, 90.0, 30.0, 300.0, 50.0, 900.0, 7200.0, 0.75)
 
 
 FALLING = replace(NO_LIMITS, scale_down=Rules(300.0, ()))

@@ -103,13 +103,14 @@ def test_a_target_set_too_high_for_the_replica_is_corrected_by_the_latency_guard
     count it gives leaves the p95 above the objective, and the guardrail adds replicas until it is met. The
     in-flight gauge of a steady load scatters around a constant: it is no backlog draining."""
     cap = PROFILE.rate_at_slo(CFG.slo_ms / 1000, CFG.audio_s)
-    trace = flat(2.5 * cap, 1500)  # needs 3 replicas; the target says 2
+    trace = flat(2.2 * cap, 1500)  # needs 3 replicas; the target says 2
     settings = replace(Settings(), target_qps_per_replica=1.3 * cap, target_p95_ms=CFG.slo_ms, min_replicas=1,
                        max_replicas=10, cold_start_s=CFG.cold_start_s)
     run = simulate(trace, ProjectPolicy(settings), CFG, 0, PROFILE)
-    assert run.series["replicas"][3] == 2  # what the target asks, at first
-    late = run.series["p95_ms"][15:]
-    assert min(run.series["replicas"][15:]) >= 3 and max(late) <= CFG.slo_ms, (run.series["replicas"], late)
+    replicas, p95 = run.series["replicas"], run.series["p95_ms"]
+    assert min(replicas[:10]) == 2  # what the target asks, at first
+    # corrected within a few minutes, and not scaled back into the breach after the scale-down window
+    assert min(replicas[10:]) == 3 and max(p95[10:]) <= CFG.slo_ms, (replicas, p95)
 
 
 # --- the policy on the families ----------------------------------------------------------------------
@@ -186,7 +187,7 @@ def test_a_rate_that_moves_minute_to_minute_costs_less_than_a_pool_for_its_busie
     assert policy.gpu_hours < 0.9 * static.gpu_hours and policy.violating_minutes < hpa.violating_minutes
 
 
-@pytest.mark.parametrize("name", ["minute-noise.csv", "morning-rise.csv", "cron-spikes.csv"])
+@pytest.mark.parametrize("name", ["minute-noise.csv", "morning-rise.csv", "cron-spikes.csv", "busy-half-hours.csv"])
 def test_the_example_traces_replay(name: str) -> None:
     """The traces docs/autoscaling.md replays (a service's own traffic) parse whole."""
     trace = traces.read_csv(Path(__file__).resolve().parents[2] / "examples" / "traces" / name, 12.0)

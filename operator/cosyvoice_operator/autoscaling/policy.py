@@ -43,7 +43,10 @@ How a decision is made (``decide``):
    than its noise over the rate window) adds ``latencyGuardStepPercent``
    of the replicas (at least 1); a p95 above the target forbids scaling down, and one above
    ``sizingLatencyRatio × target`` keeps a spare replica above the demand's count. Latency is not
-   proportional to replicas, so it never sets the count alone.
+   proportional to replicas, so it never sets the count alone; but where it adds, the count the sizing gave
+   was shown too few for that demand (a profile from faster hardware, a ``targetQPSPerReplica`` too high),
+   and the sizing is multiplied by what it was short for ``latencyGuardMemorySeconds``, instead of
+   scaling back into the same breach once the scale-down window has passed.
 6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds`` (one rate window with a recurring pattern, or on a decline
    beyond the tolerance and the noise: ``_falling``), scale-up the lowest of ``scaleUp``'s window. Until a whole
@@ -120,6 +123,7 @@ class Settings:
     season_lookback_s: float = 10800.0
     season_min_correlation: float = 0.6
     guard_step_percent: float = 25.0
+    guard_memory_s: float = 3600.0
 
     @classmethod
     def from_spec(cls, spec: Any, profile: Profile | None = None) -> Settings:
@@ -147,7 +151,8 @@ class Settings:
             profile=profile, sizing_latency_ratio=spec.sizing_latency_ratio, cold_start_s=float(spec.cold_start_seconds),
             interval_s=float(spec.interval_seconds), season_lookback_s=float(spec.forecast.lookback_seconds),
             season_min_correlation=spec.forecast.min_correlation,
-            guard_step_percent=float(spec.latency_guard_step_percent))
+            guard_step_percent=float(spec.latency_guard_step_percent),
+            guard_memory_s=float(spec.latency_guard_memory_seconds))
 
     @property
     def horizon_s(self) -> float:
@@ -244,6 +249,8 @@ class History:
     season_checked: float | None = None  # when it was last looked for
     forecast: tuple[float, ...] = ()  # replicas the seasonal forecast made at last_ok needs, per forecast_step_s
     forecast_step_s: float = 60.0
+    undercount: float = 1.0  # what the latency guardrail found the sizing's count short by (a factor ≥ 1)
+    undercount_at: float | None = None  # when it last found so
 
 
 @dataclass(frozen=True)
@@ -596,6 +603,13 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
                                                                           if desired != current else ()))
         return Decision(desired, reason, message, False, True, "ReadyForNewScale", False, "", hist)
 
+    # What the guardrail found the sizing short by, while it is remembered (rule 5)
+    remembered = history.undercount_at is not None and now - history.undercount_at < s.guard_memory_s
+    undercount, undercount_at = (history.undercount, history.undercount_at) if remembered else (1.0, None)
+    sized = needed
+    if undercount > 1.0:
+        needed *= undercount
+        signal += f" × {undercount:.2f} (what the latency guardrail found it short)"
     raw = math.ceil(needed - 1e-9) if needed > 0 else 0
     lat, lat_name = _latency_ratio(metrics, s)
     rec = current
@@ -623,6 +637,12 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             rec = current + max(1, math.ceil(current * s.guard_step_percent / 100))
             reason = "LatencyAboveTarget"
             message = f"{lat_name} at {lat:.0%} of its objective with no replica warming: adding capacity"
+            if sized > 0 and s.guard_memory_s > 0:
+                # `current` replicas were shown too few for this demand, whatever the sizing said: the count
+                # is sized up by that until the memory lapses (not back into the breach after one window)
+                undercount, undercount_at = max(undercount, (current + 1) / sized), now
+                message += (f"; the sizing gave {sized:.2f} replicas: sized × {undercount:.2f} for "
+                            f"{s.guard_memory_s / 60:.0f} min (is the target or profile right for this replica?)")
         elif rec < current and lat > 1.0:
             rec = current
             reason = "LatencyGuard"
@@ -702,7 +722,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
                    last_slope=None if burst_at is not None and now - burst_at < TREND_WINDOW_S else metrics.qps_slope,
                    last_audio_s=metrics.audio_s or history.last_audio_s, season_s=season_s,
                    season_checked=season_checked, forecast=predicted,
-                   forecast_step_s=metrics.history_step_s)
+                   forecast_step_s=metrics.history_step_s, undercount=undercount, undercount_at=undercount_at)
     details = {"needed": float(needed)}
     if demand is not None:
         details["demand_qps"] = float(demand)

@@ -26,6 +26,7 @@ def dump(h: History) -> dict[str, Any]:
         "lastDemandQPS": h.last_demand, "lastSlope": h.last_slope, "lastAudioSeconds": h.last_audio_s,
         "seasonSeconds": h.season_s, "seasonCheckedTime": h.season_checked,
         "forecastReplicas": list(h.forecast), "forecastStepSeconds": h.forecast_step_s,
+        "undercount": h.undercount if h.undercount_at is not None else None, "undercountTime": h.undercount_at,
     }
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items() if v is not None}
 
@@ -46,4 +47,5 @@ def load(raw: Any) -> History | None:
                    last_demand=_num(raw.get("lastDemandQPS")), last_slope=_num(raw.get("lastSlope")),
                    last_audio_s=_num(raw.get("lastAudioSeconds")), season_s=_num(raw.get("seasonSeconds")),
                    season_checked=_num(raw.get("seasonCheckedTime")), forecast=forecast,
-                   forecast_step_s=_num(raw.get("forecastStepSeconds")) or 60.0)
+                   forecast_step_s=_num(raw.get("forecastStepSeconds")) or 60.0,
+                   undercount=max(1.0, _num(raw.get("undercount")) or 1.0), undercount_at=_num(raw.get("undercountTime")))
