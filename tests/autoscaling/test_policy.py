@@ -133,6 +133,16 @@ def test_the_guardrail_remembers_the_count_it_found_too_few_until_its_memory_lap
     assert d.desired == 4
 
 
+def test_a_rise_within_the_noise_of_a_constant_load_is_not_a_trend() -> None:
+    """At 10 req/s the slope fitted to 5 minutes of 1-minute rates scatters by 0.65 req/s over the window
+    (Poisson counting noise): a rise of 1.5 is past the 10 % tolerance but within three of those, and is not
+    projected (on constant load it would be a scale-up and, a window later, a reversal); 2.5 is."""
+    calm = decide(0.0, m(10.0, qps_slope=1.5 / 300), current=3, ready=3, policy=NO_LIMITS, history=History())
+    assert "rising" not in calm.message
+    trend = decide(0.0, m(10.0, qps_slope=2.5 / 300), current=3, ready=3, policy=NO_LIMITS, history=History())
+    assert "qps rising (10.0 → 11.4 in 165 s)" in trend.message
+
+
 def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:
     """A step's jump is in the 5-minute slope for 5 minutes: extrapolating it would overshoot the step."""
     from cosyvoice_operator.autoscaling.policy import TREND_WINDOW_S

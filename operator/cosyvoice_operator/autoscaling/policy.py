@@ -15,7 +15,8 @@ How a decision is made (``decide``):
    gauge, since the served rate saturates at capacity); the arrival rate over the short window when
    it exceeds the long one by more than the tolerance and three standard deviations of Poisson noise
    (Knative's panic window: a step is acted on one scrape after it starts; it bypasses the scale-up
-   window); on a rising trend (a rise over the trend window beyond the tolerance, no burst within it)
+   window); on a rising trend (a rise over the trend window beyond the tolerance and the noise, no burst
+   within it)
    the rate a cold start and an evaluation after the middle of the rate window (``trend_horizon_s``);
    with a recurring pattern in the service's own history (``forecast.py``: rate and request length, so
    a recurring shift to long requests counts too) the most replicas it needs over ``horizon_s`` of its
@@ -298,7 +299,7 @@ def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) 
     if short is not None and short > arrival * (1 + s.tolerance) and \
             short - arrival > BURST_Z * math.sqrt(max(arrival, 1.0 / SHORT_WINDOW_S) / SHORT_WINDOW_S):
         return short, "qps (burst, short window)"
-    if m.qps_slope is not None and m.qps_slope * TREND_WINDOW_S > s.tolerance * arrival and not after_burst \
+    if m.qps_slope is not None and _beyond_noise(m.qps_slope * TREND_WINDOW_S, m, s) and not after_burst \
             and season_s is None:  # with a recurring pattern, its forecast is the better model of the rise
         ahead = arrival + m.qps_slope * s.trend_horizon_s
         return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.trend_horizon_s:.0f} s)"
@@ -307,15 +308,21 @@ def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) 
 
 def _falling(m: Metrics, s: Settings) -> bool:
     """The rate fell over the trend window by more than the tolerance and three standard deviations of the
-    1-minute rate's Poisson counting noise."""
+    1-minute rate's noise."""
     if m.qps_slope is None or m.arrival_qps is None:
         return False
-    drop = -m.qps_slope * TREND_WINDOW_S
+    return _beyond_noise(-m.qps_slope * TREND_WINDOW_S, m, s)
+
+
+def _beyond_noise(change: float, m: Metrics, s: Settings) -> bool:
+    """A change of the rate over the trend window (its fitted slope × the window) is more than the tolerance
+    and three standard deviations of what the 1-minute rate's noise alone gives a fitted slope: a trend, rising
+    or falling, not the scatter of a constant load."""
     # a least-squares slope over k = trend / rate window independent rates: its change over the window has
     # the standard deviation of one rate times sqrt(12 k / (k² - 1))
     k = TREND_WINDOW_S / RATE_WINDOW_S
     noise = math.sqrt(_rate_noise_var(m) * 12 * k / (k * k - 1))
-    return drop > s.tolerance * m.arrival_qps and drop > BURST_Z * noise
+    return change > s.tolerance * (m.arrival_qps or 0.0) and change > BURST_Z * noise
 
 
 def _rate_noise_var(m: Metrics) -> float:
