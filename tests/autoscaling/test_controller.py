@@ -141,3 +141,28 @@ def test_the_decision_history_goes_to_the_status_and_is_resumed_from_it(tmp_path
     _, fresh = evaluate(t0 + 201, None)  # the same moment with no history: a whole window to observe first
     assert fresh.desired == 6
     assert state.load({"recommendations": [{"time": "x"}]}) is None  # an unreadable history is ignored
+
+
+def test_a_count_the_guardrail_finds_too_few_is_a_warning_that_names_the_target(tmp_path: Path) -> None:
+    """targetQPSPerReplica 5 says 10 req/s need 2 replicas; the p95 has been twice the objective for a minute
+    at 2: a third is added and a Warning event says the sizing was short, and for how long it is corrected."""
+    from cosyvoice_operator.autoscaling import state
+    from cosyvoice_operator.autoscaling.policy import History
+
+    now = 1_800_000_000.0
+    cr = service(targetP95LatencyMs=1000)
+    cr["status"] = {"autoscaling": {"history": state.dump(History(hot_since=now - 60))}}
+    api = FakeKube({("cosyvoiceservices", "tts"): cr, ("deployments", "tts"): {"status": {"readyReplicas": 2}}})
+    queries = build_queries("speech", "tts")
+    values = {queries["qps"]: 10.0, queries["targets_up"]: 1.0, queries["p95_ms"]: 2000.0, queries["inflight"]: 8.0}
+
+    def connect(url: str, **kw: Any) -> Any:
+        return lambda q: vec(values[q]) if q in values else []
+
+    decision = Autoscaler(api, connect=connect, clock=lambda: now,  # type: ignore[arg-type]
+                          policy=policy(tmp_path)).evaluate("speech", "tts")
+    assert decision is not None and (decision.desired, decision.reason) == (3, "LatencyAboveTarget")
+    (short,) = [e for e in api.created if e["reason"] == "SizingShort"]
+    assert short["type"] == "Warning" and "the sizing gave 2.00 replicas: sized × 1.50 for 60 min" in short["message"]
+    (status,) = [p for r, sub, p in api.patches if sub == "status"]
+    assert status["status"]["autoscaling"]["history"]["undercount"] == 1.5

@@ -142,6 +142,9 @@ class Autoscaler:
                             subresource="scale")
             self.record(cr, "Normal", "SuccessfulRescale",
                         f"New size: {decision.desired}; reason: {decision.reason}: {decision.message}")
+        if decision.history.undercount_at == now:
+            # the guardrail found the sizing's count too few: the target or profile does not fit this replica
+            self.record(cr, "Warning", "SizingShort", decision.message)
         state.history = decision.history  # only once the scale is written: a failed patch is retried afresh
         self._write_status(cr, namespace, name, decision, reading, previous_auto, stamp, current)
         state.last = decision
