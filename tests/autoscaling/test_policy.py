@@ -89,6 +89,8 @@ def test_decision(settings: Settings, metrics: Metrics, current: int, ready: int
     (m(16.0, p95_ms=2000, inflight=60, inflight_growth=-3.0), 4, False),  # a backlog draining: the p95 lags, wait
     # a steady gauge's slope is negative half the time: 3 fewer in flight over the minute is its noise at 20
     (m(16.0, p95_ms=2000, inflight=20, inflight_growth=-0.05), 4, True),
+    (m(16.0, p95_ms=2000, inflight=25, inflight_growth=-0.25), 4, True),  # 15 fewer at 25: three deviations, not more
+    (m(16.0, p95_ms=2000, inflight=1, inflight_growth=-0.06), 4, False),  # the last of a backlog going: 3.6 > 3 × 1
     (m(16.0, p95_ms=2000), 3, False),  # a pod is warming: it is the capacity on its way
     (m(16.0, p95_ms=1050), 4, False),  # within tolerance of the objective
 ])
@@ -123,14 +125,28 @@ def test_the_guardrail_remembers_the_count_it_found_too_few_until_its_memory_lap
     assert (d.desired, d.reason) == (5, "LatencyAboveTarget") and "sized × 1.25 for 10 min" in d.message
     met = [(t, m(16.0, p95_ms=500, inflight=10)) for t in range(75, 600, 15)]
     d, h = run_(s, met, 5, h)
-    assert d.desired == 5 and "× 1.25 (what the latency guardrail found it short)" in d.message
+    assert d.desired == 5 and d.message.startswith(
+        "qps at 4.00 req/s per replica (targetQPSPerReplica) × 1.25 (what the latency guardrail found it short)")
     loaded = state.load(state.dump(h))
     assert loaded is not None and (loaded.undercount, loaded.undercount_at) == (1.25, 60.0)
     assert decide(600.0, m(32.0, p95_ms=500), current=5, ready=5, policy=s, history=loaded).desired == 10
-    d, _ = run_(s, [(t, m(16.0, p95_ms=500, inflight=10)) for t in range(660, 780, 15)], 5, h)
-    assert d.desired == 4  # forgotten: the target's count
-    d, _ = run_(replace(s, guard_memory_s=0.0), hot + met[:4], 4, History())
+    d = decide(660.0, m(16.0, p95_ms=500, inflight=10), current=5, ready=5, policy=s, history=h)
+    assert d.desired == 4 and "×" not in d.message  # 600 s after: forgotten, the target's count
+    d, h = run_(replace(s, guard_memory_s=0.0), hot, 4, History())
+    assert d.desired == 5 and d.message.endswith(
+        "the sizing gave 4.00 replicas (is the target or profile right for this replica?)")
+    d, _ = run_(replace(s, guard_memory_s=0.0), met[:4], 5, h)
     assert d.desired == 4
+
+
+@pytest.mark.parametrize(("qps", "current", "found"), [
+    (2.0, 1, 4.0),  # the target's 0.5 replicas, and 1 was too few: × 2 / 0.5
+    (0.0, 2, 1.0),  # no request arriving (the last slow ones in the p95): no count to correct
+])
+def test_what_the_guardrail_finds_is_the_next_count_over_the_sizings(qps: float, current: int, found: float) -> None:
+    h = History(hot_since=0.0)
+    d = decide(60.0, m(qps, p95_ms=2000, inflight=1), current=current, ready=current, policy=BASE, history=h)
+    assert d.reason == "LatencyAboveTarget" and d.history.undercount == found
 
 
 def test_a_rise_within_the_noise_of_a_constant_load_is_not_a_trend() -> None:

@@ -299,7 +299,7 @@ def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) 
     if short is not None and short > arrival * (1 + s.tolerance) and \
             short - arrival > BURST_Z * math.sqrt(max(arrival, 1.0 / SHORT_WINDOW_S) / SHORT_WINDOW_S):
         return short, "qps (burst, short window)"
-    if m.qps_slope is not None and _beyond_noise(m.qps_slope * TREND_WINDOW_S, m, s) and not after_burst \
+    if m.qps_slope is not None and _beyond_noise(m.qps_slope * TREND_WINDOW_S, arrival, m, s) and not after_burst \
             and season_s is None:  # with a recurring pattern, its forecast is the better model of the rise
         ahead = arrival + m.qps_slope * s.trend_horizon_s
         return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.trend_horizon_s:.0f} s)"
@@ -311,18 +311,18 @@ def _falling(m: Metrics, s: Settings) -> bool:
     1-minute rate's noise."""
     if m.qps_slope is None or m.arrival_qps is None:
         return False
-    return _beyond_noise(-m.qps_slope * TREND_WINDOW_S, m, s)
+    return _beyond_noise(-m.qps_slope * TREND_WINDOW_S, m.arrival_qps, m, s)
 
 
-def _beyond_noise(change: float, m: Metrics, s: Settings) -> bool:
+def _beyond_noise(change: float, arrival: float, m: Metrics, s: Settings) -> bool:
     """A change of the rate over the trend window (its fitted slope × the window) is more than the tolerance
-    and three standard deviations of what the 1-minute rate's noise alone gives a fitted slope: a trend, rising
+    (of the ``arrival`` rate) and three standard deviations of what the 1-minute rate's noise alone gives a fitted slope: a trend, rising
     or falling, not the scatter of a constant load."""
     # a least-squares slope over k = trend / rate window independent rates: its change over the window has
     # the standard deviation of one rate times sqrt(12 k / (k² - 1))
     k = TREND_WINDOW_S / RATE_WINDOW_S
     noise = math.sqrt(_rate_noise_var(m) * 12 * k / (k * k - 1))
-    return change > s.tolerance * (m.arrival_qps or 0.0) and change > BURST_Z * noise
+    return change > s.tolerance * arrival and change > BURST_Z * noise
 
 
 def _rate_noise_var(m: Metrics) -> float:
@@ -644,12 +644,14 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             rec = current + max(1, math.ceil(current * s.guard_step_percent / 100))
             reason = "LatencyAboveTarget"
             message = f"{lat_name} at {lat:.0%} of its objective with no replica warming: adding capacity"
-            if sized > 0 and s.guard_memory_s > 0:
+            if sized > 0:
                 # `current` replicas were shown too few for this demand, whatever the sizing said: the count
                 # is sized up by that until the memory lapses (not back into the breach after one window)
                 undercount, undercount_at = max(undercount, (current + 1) / sized), now
-                message += (f"; the sizing gave {sized:.2f} replicas: sized × {undercount:.2f} for "
-                            f"{s.guard_memory_s / 60:.0f} min (is the target or profile right for this replica?)")
+                message += f"; the sizing gave {sized:.2f} replicas"
+                if s.guard_memory_s:
+                    message += f": sized × {undercount:.2f} for {s.guard_memory_s / 60:.0f} min"
+                message += " (is the target or profile right for this replica?)"
         elif rec < current and lat > 1.0:
             rec = current
             reason = "LatencyGuard"
