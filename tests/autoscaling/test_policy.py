@@ -159,6 +159,30 @@ def test_a_rise_within_the_noise_of_a_constant_load_is_not_a_trend() -> None:
     assert "qps rising (10.0 → 11.4 in 165 s)" in trend.message
 
 
+SLOW = tuple(10.0 + 0.1 * i for i in range(15))  # +0.1 req/s a minute for 15 minutes
+
+
+@pytest.mark.parametrize(("history", "slope", "burst_ago", "rising"), [
+    (SLOW, 0.002, None, "qps rising (11.4 → 11.7 in 165 s)"),  # 1.5 in 15 min
+    ((11.4,) * 15, 0.002, None, None),  # the 5-minute slope's scatter on a flat history
+    (SLOW, -0.001, None, None),  # the climb has turned: no longer projected
+    (SLOW[:5], 0.002, None, None),  # no longer than the trend window: nothing more seen
+    (SLOW, 0.002, 899.0, None),  # a burst (a step's jump) still in the 15 minutes
+    (SLOW, 0.002, 900.0, "qps rising (11.4 → 11.7 in 165 s)"),
+    ((9.0,) * 10 + SLOW, 0.002, None, "qps rising (11.4 → 11.7 in 165 s)"),  # the last 15 of a longer history
+    (SLOW[:8], 0.002, None, None),  # 8 minutes of it: +0.8, within the tolerance
+])
+def test_a_rise_too_slow_for_five_minutes_is_a_trend_over_fifteen(history: tuple[float, ...], slope: float,
+                                                                  burst_ago: float | None, rising: str | None) -> None:
+    """+0.1 req/s a minute at 11 req/s is within the 5-minute slope's noise, but over the history's last 15
+    one-minute rates it is beyond the tolerance and three standard deviations: a slow rise (a morning, a
+    long sine) is projected a cold start ahead like a fast one."""
+    h = History(burst_at=1000.0 - burst_ago) if burst_ago is not None else History()
+    d = decide(1000.0, m(history[-1], qps_slope=slope, rate_history=history), current=3, ready=3, policy=NO_LIMITS,
+               history=h)
+    assert (rising in d.message) if rising else ("rising" not in d.message), d.message
+
+
 def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:
     """A step's jump is in the 5-minute slope for 5 minutes: extrapolating it would overshoot the step."""
     from cosyvoice_operator.autoscaling.policy import TREND_WINDOW_S

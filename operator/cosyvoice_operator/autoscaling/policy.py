@@ -15,8 +15,8 @@ How a decision is made (``decide``):
    gauge, since the served rate saturates at capacity); the arrival rate over the short window when
    it exceeds the long one by more than the tolerance and three standard deviations of Poisson noise
    (Knative's panic window: a step is acted on one scrape after it starts; it bypasses the scale-up
-   window); on a rising trend (a rise over the trend window beyond the tolerance and the noise, no burst
-   within it)
+   window); on a rising trend (a rise over the trend window, or over the rate history's last
+   ``LONG_TREND_S`` for a slower one, beyond the tolerance and the noise, no burst within it)
    the rate a cold start and an evaluation after the middle of the rate window (``trend_horizon_s``);
    with a recurring pattern in the service's own history (``forecast.py``: rate and request length, so
    a recurring shift to long requests counts too) the most replicas it needs over ``horizon_s`` of its
@@ -72,6 +72,7 @@ from .profile import Profile
 RATE_WINDOW_S = 60.0  # rate(...[1m]): the arrival rate and the p95; the guardrail waits this long before adding
 SHORT_WINDOW_S = 30.0  # rate(...[30s]), two scrapes at 15 s: the burst detector
 TREND_WINDOW_S = 300.0  # deriv(...[5m:15s]): the trend; no trend within this long after a burst
+LONG_TREND_S = 900.0  # the rate history's last 15 minutes: a rise too slow to tell from noise in 5 minutes
 CHI2_1_MEDIAN = 0.454936  # median of a chi-square with one degree of freedom
 ESTIMATE_Z = 2.0  # a measured burstiness counts from two standard errors of its estimate up (97.7 % one-sided)
 BURST_Z = 3.0  # a burst is beyond three standard deviations of the short window's Poisson counting noise
@@ -292,18 +293,38 @@ def _season(now: float, m: Metrics, s: Settings, h: History) -> tuple[float | No
     return (found.period_s if found else None), now
 
 
-def _demand(m: Metrics, s: Settings, after_burst: bool, season_s: float | None) -> tuple[float, str]:
+def _demand(m: Metrics, s: Settings, since_burst: float, season_s: float | None) -> tuple[float, str]:
     """The arrival rate to size for now (req/s), and what set it."""
     arrival = m.arrival_qps or 0.0
     short = m.arrival_qps_short
     if short is not None and short > arrival * (1 + s.tolerance) and \
             short - arrival > BURST_Z * math.sqrt(max(arrival, 1.0 / SHORT_WINDOW_S) / SHORT_WINDOW_S):
         return short, "qps (burst, short window)"
-    if m.qps_slope is not None and _beyond_noise(m.qps_slope * TREND_WINDOW_S, arrival, m, s) and not after_burst \
-            and season_s is None:  # with a recurring pattern, its forecast is the better model of the rise
-        ahead = arrival + m.qps_slope * s.trend_horizon_s
+    slope = _rising(m, s, arrival, since_burst) if season_s is None else None
+    if slope is not None:  # (with a recurring pattern, its forecast is the better model of the rise)
+        ahead = arrival + slope * s.trend_horizon_s
         return ahead, f"qps rising ({arrival:.1f} → {ahead:.1f} in {s.trend_horizon_s:.0f} s)"
     return arrival, "qps"
+
+
+def _rising(m: Metrics, s: Settings, arrival: float, since_burst: float) -> float | None:
+    """The rate's rise (req/s per s) when it is a trend, beyond the tolerance and the noise: over the trend
+    window, or, for a rise too slow to tell from noise there, over the rate history's last ``LONG_TREND_S``
+    while the trend window still rises; neither while a window holds a burst, a step's jump (None: no
+    rising trend)."""
+    if m.qps_slope is None or m.qps_slope <= 0 or since_burst < TREND_WINDOW_S:
+        return None
+    if _beyond_noise(m.qps_slope * TREND_WINDOW_S, TREND_WINDOW_S / RATE_WINDOW_S, arrival, m, s):
+        return m.qps_slope
+    if since_burst < LONG_TREND_S:
+        return None
+    x = m.rate_history[max(0, len(m.rate_history) - int(LONG_TREND_S // m.history_step_s)):]
+    n = len(x)  # all of it while the history is shorter: longer than the trend window, it still sees more
+    if n < 3 or n * m.history_step_s <= TREND_WINDOW_S:  # (a history sampled coarser has too few points)
+        return None
+    mid, mean = (n - 1) / 2, sum(x) / n
+    slope = sum((i - mid) * (v - mean) for i, v in enumerate(x)) / (n * (n * n - 1) / 12) / m.history_step_s
+    return slope if _beyond_noise(slope * n * m.history_step_s, n, arrival, m, s) else None
 
 
 def _falling(m: Metrics, s: Settings) -> bool:
@@ -311,16 +332,15 @@ def _falling(m: Metrics, s: Settings) -> bool:
     1-minute rate's noise."""
     if m.qps_slope is None or m.arrival_qps is None:
         return False
-    return _beyond_noise(-m.qps_slope * TREND_WINDOW_S, m.arrival_qps, m, s)
+    return _beyond_noise(-m.qps_slope * TREND_WINDOW_S, TREND_WINDOW_S / RATE_WINDOW_S, m.arrival_qps, m, s)
 
 
-def _beyond_noise(change: float, arrival: float, m: Metrics, s: Settings) -> bool:
-    """A change of the rate over the trend window (its fitted slope × the window) is more than the tolerance
-    (of the ``arrival`` rate) and three standard deviations of what the 1-minute rate's noise alone gives a fitted slope: a trend, rising
-    or falling, not the scatter of a constant load."""
-    # a least-squares slope over k = trend / rate window independent rates: its change over the window has
-    # the standard deviation of one rate times sqrt(12 k / (k² - 1))
-    k = TREND_WINDOW_S / RATE_WINDOW_S
+def _beyond_noise(change: float, k: float, arrival: float, m: Metrics, s: Settings) -> bool:
+    """A change of the rate over a window of ``k`` independent 1-minute rates (the slope fitted to them × the
+    window) is more than the tolerance (of the ``arrival`` rate) and three standard deviations of what the
+    rates' noise alone gives such a slope: a trend, rising or falling, not the scatter of a constant load."""
+    # a least-squares slope over k independent rates: its change over the window has the standard deviation of
+    # one rate times sqrt(12 k / (k² - 1))
     noise = math.sqrt(_rate_noise_var(m) * 12 * k / (k * k - 1))
     return change > s.tolerance * arrival and change > BURST_Z * noise
 
@@ -445,7 +465,7 @@ def _seasonal_replicas(m: Metrics, s: Settings, season_s: float | None, clump: f
     return tuple(out)
 
 
-def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season_s: float | None,
+def _proportional(m: Metrics, s: Settings, h: History, since_burst: float, season_s: float | None,
                   current: int, ready: int) -> tuple[float | None, str, float | None, tuple[float, ...], bool]:
     """Replicas the demand needs (a float), which signal set it, the demand (req/s), the seasonal
     forecast (replicas per step, kept for an outage), and whether the count trails a recurring climb
@@ -455,7 +475,7 @@ def _proportional(m: Metrics, s: Settings, h: History, after_burst: bool, season
     length = m.audio_s or h.last_audio_s
     per_replica, source = s.per_replica_rate(length)
     if per_replica and m.arrival_qps is not None:
-        demand, which = _demand(m, s, after_burst, season_s)
+        demand, which = _demand(m, s, since_burst, season_s)
         # clumps and the minutes' spread count only where the profile models the queue they fill
         dispersion, spread = _dispersion(m, season_s) if s.profile is not None else (1.0, 0.0)
         if spread > 0:
@@ -578,11 +598,11 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
     s = policy
     events = _trim(history.scale_events, now, s.history_s)
     warming = max(0, current - ready)
-    after_burst = history.burst_at is not None and now - history.burst_at < TREND_WINDOW_S
+    since_burst = now - history.burst_at if history.burst_at is not None else math.inf
     season_s, season_checked = (history.season_s, history.season_checked) if metrics.error else \
         _season(now, metrics, s, history)
     needed, signal, demand, predicted, rising = (None, "", None, (), False) if metrics.error else \
-        _proportional(metrics, s, history, after_burst, season_s, current, ready)
+        _proportional(metrics, s, history, since_burst, season_s, current, ready)
     burst_at = now if signal.startswith("qps (burst") else history.burst_at
 
     # 1. No data: hold (or the fallback, never lower). No recommendation is recorded.
