@@ -171,6 +171,8 @@ SLOW = tuple(10.0 + 0.1 * i for i in range(15))  # +0.1 req/s a minute for 15 mi
     (SLOW, 0.002, 900.0, "qps rising (11.4 → 11.7 in 165 s)"),
     ((9.0,) * 10 + SLOW, 0.002, None, "qps rising (11.4 → 11.7 in 165 s)"),  # the last 15 of a longer history
     (SLOW[:8], 0.002, None, None),  # 8 minutes of it: +0.8, within the tolerance
+    (SLOW, 0.0, None, None),  # the 5-minute slope flat: the climb is over
+    ((10.0, 10.5, 11.0, 11.5, 12.0), 0.002, None, None),  # 2.5 in 5 minutes is the trend window's to see
 ])
 def test_a_rise_too_slow_for_five_minutes_is_a_trend_over_fifteen(history: tuple[float, ...], slope: float,
                                                                   burst_ago: float | None, rising: str | None) -> None:
@@ -180,7 +182,24 @@ def test_a_rise_too_slow_for_five_minutes_is_a_trend_over_fifteen(history: tuple
     h = History(burst_at=1000.0 - burst_ago) if burst_ago is not None else History()
     d = decide(1000.0, m(history[-1], qps_slope=slope, rate_history=history), current=3, ready=3, policy=NO_LIMITS,
                history=h)
+    if rising:  # projected along the fitted slope, +0.1 req/s a minute, a cold start and an interval ahead
+        assert d.details["demand_qps"] == pytest.approx(history[-1] + 0.1 / 60 * 165)
     assert (rising in d.message) if rising else ("rising" not in d.message), d.message
+
+
+@pytest.mark.parametrize(("history", "step", "fitted"), [
+    ((9.5,) + SLOW[1:12], 60.0, True),  # every sample of a history shorter than 15 minutes
+    ((10.0, 12.0, 14.0), 300.0, True),  # a coarser history: its three samples in 15 minutes
+    ((12.0, 16.0), 300.0, False),  # two samples: no slope to trust
+])
+def test_the_slow_rise_is_fitted_to_the_samples_of_its_15_minutes(history: tuple[float, ...], step: float,
+                                                                  fitted: bool) -> None:
+    import numpy as np
+
+    d = decide(1000.0, m(history[-1], qps_slope=0.001, rate_history=history, history_step_s=step), current=3,
+               ready=3, policy=NO_LIMITS, history=History())
+    slope = float(np.polyfit(np.arange(len(history)), history, 1)[0]) / step if fitted else 0.0
+    assert d.details["demand_qps"] == pytest.approx(history[-1] + 165 * slope), d.message
 
 
 def test_no_trend_forecast_for_a_trend_window_after_a_burst() -> None:

@@ -40,6 +40,13 @@ def _acf(x: Sequence[float], lag: int) -> float:
     return sum((p - ma) * (q - mb) for p, q in zip(a, b)) / math.sqrt(va * vb)
 
 
+def slope(series: Sequence[float]) -> float:
+    """The least-squares slope of ``series`` per sample (two samples at least)."""
+    n = len(series)
+    mid, mean = (n - 1) / 2, sum(series) / n
+    return sum((i - mid) * (v - mean) for i, v in enumerate(series)) / sum((i - mid) ** 2 for i in range(n))
+
+
 def detect_period(series: Sequence[float], step_s: float, min_period_s: float, min_correlation: float,
                   noise_var: float = 0.0) -> Season | None:
     """The recurring period of ``series`` (None: none strong enough, or too little history).
@@ -55,9 +62,8 @@ def detect_period(series: Sequence[float], step_s: float, min_period_s: float, m
     # Without its linear trend: a rising or falling series correlates with itself at every lag, and its
     # noise then makes some lag a local maximum above any threshold (a trend is not a recurring pattern)
     n = len(series)
-    mid, mean = (n - 1) / 2, sum(series) / n
-    slope = sum((i - mid) * (v - mean) for i, v in enumerate(series)) / sum((i - mid) ** 2 for i in range(n))
-    series = [v - mean - slope * (i - mid) for i, v in enumerate(series)]
+    mid, mean, rise = (n - 1) / 2, sum(series) / n, slope(series)
+    series = [v - mean - rise * (i - mid) for i, v in enumerate(series)]
     if sum(v * v for v in series) / n < 4 * noise_var:
         return None
     acf = [_acf(series, lag) for lag in range(lo - 1, hi + 2)]

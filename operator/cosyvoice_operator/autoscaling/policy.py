@@ -322,8 +322,7 @@ def _rising(m: Metrics, s: Settings, arrival: float, since_burst: float) -> floa
     n = len(x)  # all of it while the history is shorter: longer than the trend window, it still sees more
     if n < 3 or n * m.history_step_s <= TREND_WINDOW_S:  # (a history sampled coarser has too few points)
         return None
-    mid, mean = (n - 1) / 2, sum(x) / n
-    slope = sum((i - mid) * (v - mean) for i, v in enumerate(x)) / (n * (n * n - 1) / 12) / m.history_step_s
+    slope = forecast.slope(x) / m.history_step_s
     return slope if _beyond_noise(slope * n * m.history_step_s, n, arrival, m, s) else None
 
 
