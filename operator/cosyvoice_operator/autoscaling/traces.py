@@ -13,6 +13,7 @@ Two sets are fixed (``SETS``): ``tuning`` (what the policy's defaults were chose
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -226,8 +227,6 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
 def _timestamp(text: str) -> float | None:
     """Seconds since the epoch of an ISO 8601 date and time (``2026-11-25T10:00:00Z``, ``2026-11-25 10:00:00``;
     without an offset, UTC), or None when the text is not one (a bare number is seconds, not a date)."""
-    import datetime as dt
-
     text = text.strip()
     if _is_number(text) or len(text) < 10:  # fromisoformat would read "20261125" as a date
         return None
@@ -263,8 +262,6 @@ def export_prometheus(url: str, query: str, range_s: float, step_s: float, audio
     """Write ``query`` (requests/s) over the last ``range_s`` as a trace CSV; ``audio_query`` (mean audio
     seconds per request) fills the optional third column. Gaps in the data are written as gaps in time
     (the simulator holds the last value), not as zeros."""
-    import datetime as dt
-
     from .prometheus import QueryFailed, connect_range
 
     stop = dt.datetime.fromtimestamp(end if end is not None else dt.datetime.now().timestamp(), dt.timezone.utc)
