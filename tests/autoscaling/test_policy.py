@@ -501,6 +501,37 @@ def test_minute_to_minute_changes_of_the_rate_are_not_sized_as_clumps() -> None:
     clumped = decision(tuple(r + rnd.gauss(0.0, 4.0) for r in rates)).details["needed"]
     users = decision(tuple(r + rnd.gauss(0.0, math.sqrt(level / 60)) for r in rates))
     assert minute_only > 1.5 * poisson and clumped == minute_only
-    # sized for its minutes at the 95th percentile of their ±4 req/s spread, as Poisson arrivals within them
-    assert poisson < users.details["needed"] < (level + 1.645 * 4.0) / s.per_replica_rate(12.0)[0] < minute_only
-    assert "for its minute-to-minute spread" in users.message
+    # sized for its minutes at the 95th percentile of their ±4 req/s spread above the last 5 minutes' level, as
+    # Poisson arrivals within them
+    recent = sum(rates[-5:]) / 5
+    assert poisson < users.details["needed"] < (recent + 1.645 * 4.0) / s.per_replica_rate(12.0)[0] < minute_only
+    assert f"(recent minutes at {recent:.1f}) + " in users.message and "for their minute-to-minute spread" in users.message
+
+
+def test_a_busy_minute_within_the_spread_is_a_draw_and_one_beyond_it_a_change() -> None:
+    """Users whose rate moves ±4 req/s from minute to minute around 20. The minute now is one draw of that
+    spread: the count is sized for the spread's 95th percentile above the recent minutes' level, and a draw
+    moves it only by its share of that level (a fifth), where adding the percentile to the draw itself moved it
+    whole. A minute beyond three standard deviations of the noise is a change: sized from it."""
+    import random
+
+    from cosyvoice_operator.autoscaling import profile
+
+    rnd = random.Random(12)
+    rates = tuple(20.0 + rnd.gauss(0.0, 4.0) for _ in range(120))
+    short = tuple(r + rnd.gauss(0.0, math.sqrt(20.0 / 60)) for r in rates)
+    s = Settings(max_replicas=100, target_p95_ms=2000.0, profile=profile.load("tiny-cpu"))
+    per_replica = s.per_replica_rate(12.0)[0]
+    assert per_replica is not None
+
+    def needed(now: float) -> float:  # this minute's rate is the history's last sample too
+        d = decide(0.0, m(now, audio_s=12.0, rate_history=rates[:-1] + (now,), short_history=short), current=4,
+                   ready=4, policy=s, history=History())
+        return float(d.details["needed"])
+
+    level = sum(rates[-5:-1]) / 4  # the four minutes before this one
+    quiet, busy = needed(level - 8.0), needed(level + 8.0)  # ±2 standard deviations
+    assert 0 < busy - quiet < 16.0 / 4 / per_replica  # its fifth of the level (and of the noise's estimate)
+    assert busy < (level + 8.0 + 1.645 * 4.0) / per_replica  # not the percentile on top of the draw
+    jump = level + 16.0  # four standard deviations: the load moved
+    assert needed(jump) > (jump + 1.645 * 3.0) / per_replica

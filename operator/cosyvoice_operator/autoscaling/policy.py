@@ -31,7 +31,8 @@ How a decision is made (``decide``):
    length now measured, and for the clumps a replica's arrivals come in when the rate history is
    noisier than Poisson: ``_dispersion``, ``_clump``); when the 1-minute rate moves more than the clumps
    within a minute explain (the burst window's rate against the minute's), the excess is the rate itself
-   moving, and the demand is taken at the 95th percentile of that spread instead.
+   moving, and the demand is taken at the 95th percentile of that spread instead, above the level of the
+   trend window's minutes (this minute's rate is one draw of the spread, not a forecast of the next).
    ``targetQPSPerReplica`` is used as given (with both, the lower). The count
    depends on demand only, not on how many replicas exist, so **warming pods count as capacity**.
    ``targetInflightPerReplica`` and ``targetSessionsPerReplica`` (open speech sessions) add counts; the larger wins.
@@ -402,6 +403,15 @@ def _short_dispersion(m: Metrics) -> float | None:
         (_level(x) * (1 / SHORT_WINDOW_S - 1 / RATE_WINDOW_S))
 
 
+def _recent_level(m: Metrics, arrival: float) -> float:
+    """The rate the minutes of the last trend window were at: their mean, unless this minute's rate
+    (``arrival``) is beyond three standard deviations of the 1-minute rate's noise from it (a change, not a
+    draw: then this minute's)."""
+    recent = m.rate_history[-max(1, int(TREND_WINDOW_S // m.history_step_s)):]
+    level = sum(recent) / len(recent)
+    return arrival if abs(arrival - level) > BURST_Z * math.sqrt(_rate_noise_var(m)) else level
+
+
 def _level(x: Sequence[float]) -> float:
     """The rate a history was measured at, at least one request a rate window (its Poisson noise is the
     noise of that level, not of the load now: a drop in load would read the same noise as more bursty)."""
@@ -478,10 +488,15 @@ def _proportional(m: Metrics, s: Settings, h: History, since_burst: float, seaso
         # clumps and the minutes' spread count only where the profile models the queue they fill
         dispersion, spread = _dispersion(m, season_s) if s.profile is not None else (1.0, 0.0)
         if spread > 0:
-            # the minute's rate moves by more than its arrivals' noise: size for the minutes at its 95th percentile,
-            # as the objective is each minute's p95
-            demand += profiles.Z95 * spread
-            which += f" + {profiles.Z95 * spread:.1f} for its minute-to-minute spread"
+            # The minute's rate moves by more than its arrivals' noise: size for the minutes at its 95th
+            # percentile, as the objective is each minute's p95. From the level the recent minutes were at, not
+            # from this minute's rate: that is one draw of the spread, which the coming minutes do not repeat
+            # (adding the percentile to it sized for the noise twice, and moved the count with every draw).
+            level = _recent_level(m, m.arrival_qps)
+            lifted = demand - m.arrival_qps + level + profiles.Z95 * spread
+            if lifted > demand:
+                demand = lifted
+                which += f" (recent minutes at {level:.1f}) + {profiles.Z95 * spread:.1f} for their minute-to-minute spread"
         clump = _clump(s, dispersion, demand, length)
         per_replica, source = s.per_replica_rate(length, clump)
         assert per_replica
