@@ -166,3 +166,28 @@ def test_a_count_the_guardrail_finds_too_few_is_a_warning_that_names_the_target(
     assert short["type"] == "Warning" and "the sizing gave 2.00 replicas: sized × 1.50 for 60 min" in short["message"]
     (status,) = [p for r, sub, p in api.patches if sub == "status"]
     assert status["status"]["autoscaling"]["history"]["undercount"] == 1.5
+
+
+def test_a_breach_replicas_did_not_fix_is_one_warning_and_no_more_replicas(tmp_path: Path) -> None:
+    """The guardrail added replicas at a p95 of twice the objective (persisted), and with them ready the p95
+    is still twice it: no more replicas, and one Warning event for the breach, not one per evaluation."""
+    from cosyvoice_operator.autoscaling import state
+    from cosyvoice_operator.autoscaling.policy import History
+
+    now = 1_800_000_000.0
+    cr = service(targetP95LatencyMs=1000)
+    cr["status"] = {"autoscaling": {"history": state.dump(History(hot_since=now - 60, guard_ratio=2.0))}}
+    api = FakeKube({("cosyvoiceservices", "tts"): cr, ("deployments", "tts"): {"status": {"readyReplicas": 2}}})
+    queries = build_queries("speech", "tts")
+    values = {queries["qps"]: 10.0, queries["targets_up"]: 1.0, queries["p95_ms"]: 2000.0, queries["inflight"]: 8.0}
+
+    def connect(url: str, **kw: Any) -> Any:
+        return lambda q: vec(values[q]) if q in values else []
+
+    scaler = Autoscaler(api, connect=connect, clock=lambda: now, policy=policy(tmp_path))  # type: ignore[arg-type]
+    for _ in range(2):
+        decision = scaler.evaluate("speech", "tts")
+        assert decision is not None and (decision.desired, decision.reason) == (2, "LatencyNotCapacity")
+    (warning,) = [e for e in api.created if e["reason"] == "LatencyNotCapacity"]
+    assert warning["type"] == "Warning" and "no better than the 200% at which the guardrail last" in warning["message"]
+    assert not [p for r, sub, p in api.patches if sub == "scale"]

@@ -139,6 +139,41 @@ def test_the_guardrail_remembers_the_count_it_found_too_few_until_its_memory_lap
     assert d.desired == 4
 
 
+@pytest.mark.parametrize(("after", "added"), [(2000.0, False), (2400.0, False), (1900.0, True)])
+def test_a_breach_that_replicas_do_not_fix_stops_the_guardrail(after: float, added: bool) -> None:
+    """The p95 is twice the objective at 4 replicas: the guardrail adds a fifth. Once it is ready and a whole
+    window was seen with it, a p95 no better (a slow dependency, throttled CPU) is not a capacity shortfall:
+    no sixth, seventh... up to maxReplicas, and no scale-down either while the objective is breached. A p95
+    that fell is a shortfall still being closed: one more. The comparison is persisted with the history, and
+    a breach that ends forgets it."""
+    from cosyvoice_operator.autoscaling import state
+
+    h, current = History(), 4
+    for now in (0.0, 15.0, 30.0, 45.0, 60.0):
+        d = decide(now, m(16.0, p95_ms=2000, inflight=20), current=current, ready=4, policy=NO_LIMITS, history=h)
+        current, h = d.desired, d.history
+    assert (current, d.reason, h.guard_ratio) == (5, "LatencyAboveTarget", 2.0)
+    h = state.load(state.dump(h))
+    assert h is not None and h.guard_ratio == 2.0
+    for now in (75.0, 90.0, 180.0):  # the fifth warming: nothing to compare yet
+        d = decide(now, m(16.0, p95_ms=after, inflight=20), current=5, ready=4, policy=NO_LIMITS, history=h)
+        h = d.history
+    reasons = []
+    for now in (195.0, 210.0, 225.0, 240.0, 255.0):  # ready, and a whole window seen with it
+        d = decide(now, m(16.0, p95_ms=after, inflight=20), current=5, ready=5, policy=NO_LIMITS, history=h)
+        h = d.history
+        reasons.append(d.reason)
+    assert reasons[:-1] == ["WithinTolerance"] * 4  # not before the window is seen
+    if added:
+        assert (d.desired, d.reason, d.history.guard_ratio) == (7, "LatencyAboveTarget", 1.9)
+    else:
+        assert (d.desired, d.reason) == (5, "LatencyNotCapacity")
+        assert f"at {after / 1000:.0%} of its objective, no better than the 200% at which the guardrail last" in d.message
+        # back at the band's edge (110 % of the objective): the breach is over, the next is compared afresh
+        calm = decide(270.0, m(16.0, p95_ms=1100, inflight=20), current=5, ready=5, policy=NO_LIMITS, history=h)
+        assert calm.history.guard_ratio is None
+
+
 @pytest.mark.parametrize(("qps", "current", "found"), [
     (2.0, 1, 4.0),  # the target's 0.5 replicas, and 1 was too few: × 2 / 0.5
     (0.0, 2, 1.0),  # no request arriving (the last slow ones in the p95): no count to correct

@@ -145,6 +145,9 @@ class Autoscaler:
         if decision.history.undercount_at == now:
             # the guardrail found the sizing's count too few: the target or profile does not fit this replica
             self.record(cr, "Warning", "SizingShort", decision.message)
+        if decision.reason == "LatencyNotCapacity" and (state.last is None or state.last.reason != decision.reason):
+            # replicas did not fix the breach: something the autoscaler cannot scale is slow (once per breach)
+            self.record(cr, "Warning", "LatencyNotCapacity", decision.message)
         state.history = decision.history  # only once the scale is written: a failed patch is retried afresh
         self._write_status(cr, namespace, name, decision, reading, previous_auto, stamp, current)
         state.last = decision

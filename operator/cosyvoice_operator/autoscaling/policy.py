@@ -48,7 +48,9 @@ How a decision is made (``decide``):
    proportional to replicas, so it never sets the count alone; but where it adds, the count the sizing gave
    was shown too few for that demand (a profile from faster hardware, a ``targetQPSPerReplica`` too high),
    and the sizing is multiplied by what it was short for ``latencyGuardMemorySeconds``, instead of
-   scaling back into the same breach once the scale-down window has passed.
+   scaling back into the same breach once the scale-down window has passed. Once the replicas it added
+   are ready and a whole window was seen with them, a latency no better than when it added them is not
+   a capacity shortfall: it adds no more in that breach (``LatencyNotCapacity``).
 6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds`` (one rate window with a recurring pattern, or on a decline
    beyond the tolerance and the noise: ``_falling``), scale-up the lowest of ``scaleUp``'s window. Until a whole
@@ -254,6 +256,7 @@ class History:
     forecast_step_s: float = 60.0
     undercount: float = 1.0  # what the latency guardrail found the sizing's count short by (a factor ≥ 1)
     undercount_at: float | None = None  # when it last found so
+    guard_ratio: float | None = None  # the latency over its objective when the guardrail last added (in this breach)
 
 
 @dataclass(frozen=True)
@@ -673,8 +676,21 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         draining = fall > BURST_Z * math.sqrt(max(metrics.inflight or 0.0, 1.0))
         hot = lat > 1.0 + s.tolerance and warming == 0 and not draining
         hot_since = (history.hot_since if history.hot_since is not None else now) if hot else None
+        # A breach ends when the latency is back within the band: a new one starts with no comparison
+        guard_ratio = history.guard_ratio if lat > 1.0 + s.tolerance else None
         # The windowed p95 describes the last rate window: act once all of it was seen at this capacity.
-        if hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current:
+        if hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current \
+                and guard_ratio is not None and lat >= guard_ratio:
+            # The replicas the guardrail added last are ready, a whole window was seen with them, and the
+            # latency is no better than when it added them: replicas do not fix this breach (a slow
+            # dependency, throttled CPU). Adding more would climb to maxReplicas for nothing; scaling down
+            # waits for the latency, as always.
+            rec = current
+            reason = "LatencyNotCapacity"
+            message = (f"{lat_name} at {lat:.0%} of its objective, no better than the {guard_ratio:.0%} at which the "
+                       f"guardrail last added replicas: not adding more (is something other than capacity slow?)")
+        elif hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current:
+            guard_ratio = lat
             rec = current + max(1, math.ceil(current * s.guard_step_percent / 100))
             reason = "LatencyAboveTarget"
             message = f"{lat_name} at {lat:.0%} of its objective with no replica warming: adding capacity"
@@ -702,7 +718,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             else:
                 message += f"; {lat_name} at {lat:.0%} of its objective: keeping a spare replica"
     else:
-        hot_since = None
+        hot_since, guard_ratio = None, None
     recs = _trim(history.recommendations, now, s.history_s) + ((now, rec),)
 
     # 6. Stabilization windows.
@@ -765,7 +781,8 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
                    last_slope=None if burst_at is not None and now - burst_at < TREND_WINDOW_S else metrics.qps_slope,
                    last_audio_s=metrics.audio_s or history.last_audio_s, season_s=season_s,
                    season_checked=season_checked, forecast=predicted,
-                   forecast_step_s=metrics.history_step_s, undercount=undercount, undercount_at=undercount_at)
+                   forecast_step_s=metrics.history_step_s, undercount=undercount, undercount_at=undercount_at,
+                   guard_ratio=guard_ratio)
     details = {"needed": float(needed)}
     if demand is not None:
         details["demand_qps"] = float(demand)

@@ -27,6 +27,7 @@ def dump(h: History) -> dict[str, Any]:
         "seasonSeconds": h.season_s, "seasonCheckedTime": h.season_checked,
         "forecastReplicas": list(h.forecast), "forecastStepSeconds": h.forecast_step_s,
         "undercount": h.undercount if h.undercount_at is not None else None, "undercountTime": h.undercount_at,
+        "guardLatencyRatio": h.guard_ratio,
     }
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items() if v is not None}
 
@@ -48,4 +49,5 @@ def load(raw: Any) -> History | None:
                    last_audio_s=_num(raw.get("lastAudioSeconds")), season_s=_num(raw.get("seasonSeconds")),
                    season_checked=_num(raw.get("seasonCheckedTime")), forecast=forecast,
                    forecast_step_s=_num(raw.get("forecastStepSeconds")) or 60.0,
-                   undercount=max(1.0, _num(raw.get("undercount")) or 1.0), undercount_at=_num(raw.get("undercountTime")))
+                   undercount=max(1.0, _num(raw.get("undercount")) or 1.0), undercount_at=_num(raw.get("undercountTime")),
+                   guard_ratio=_num(raw.get("guardLatencyRatio")))
