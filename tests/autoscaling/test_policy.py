@@ -155,6 +155,9 @@ def test_a_breach_that_replicas_do_not_fix_stops_the_guardrail(after: float, add
     assert (current, d.reason, h.guard_ratio) == (5, "LatencyAboveTarget", 2.0)
     h = state.load(state.dump(h))
     assert h is not None and h.guard_ratio == 2.0
+    for forged in (-1, 0.5, 1.0, "2", float("nan"), True):  # never recorded by a guardrail: none at all
+        loaded = state.load({"guardLatencyRatio": forged})
+        assert loaded is not None and loaded.guard_ratio is None
     for now in (75.0, 90.0, 180.0):  # the fifth warming: nothing to compare yet
         d = decide(now, m(16.0, p95_ms=after, inflight=20), current=5, ready=4, policy=NO_LIMITS, history=h)
         h = d.history

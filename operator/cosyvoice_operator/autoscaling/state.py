@@ -8,6 +8,7 @@ seconds since the epoch, so they survive a restart and a move to another node.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .policy import History
@@ -15,6 +16,13 @@ from .policy import History
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _ratio(value: Any) -> float | None:
+    """A latency ratio the guardrail could have recorded (over the band, so above 1); anything else is none:
+    a lower one written into the status would stop the guardrail in every breach."""
+    number = _num(value)
+    return number if number is not None and math.isfinite(number) and number > 1.0 else None
 
 
 def dump(h: History) -> dict[str, Any]:
@@ -50,4 +58,4 @@ def load(raw: Any) -> History | None:
                    season_checked=_num(raw.get("seasonCheckedTime")), forecast=forecast,
                    forecast_step_s=_num(raw.get("forecastStepSeconds")) or 60.0,
                    undercount=max(1.0, _num(raw.get("undercount")) or 1.0), undercount_at=_num(raw.get("undercountTime")),
-                   guard_ratio=_num(raw.get("guardLatencyRatio")))
+                   guard_ratio=_ratio(raw.get("guardLatencyRatio")))
