@@ -679,8 +679,8 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
         # A breach ends when the latency is back within the band: a new one starts with no comparison
         guard_ratio = history.guard_ratio if lat > 1.0 + s.tolerance else None
         # The windowed p95 describes the last rate window: act once all of it was seen at this capacity.
-        if hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current \
-                and guard_ratio is not None and lat >= guard_ratio:
+        seen = hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current
+        if seen and guard_ratio is not None and lat >= guard_ratio:
             # The replicas the guardrail added last are ready, a whole window was seen with them, and the
             # latency is no better than when it added them: replicas do not fix this breach (a slow
             # dependency, throttled CPU). Adding more would climb to maxReplicas for nothing; scaling down
@@ -689,7 +689,7 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             reason = "LatencyNotCapacity"
             message = (f"{lat_name} at {lat:.0%} of its objective, no better than the {guard_ratio:.0%} at which the "
                        f"guardrail last added replicas: not adding more (is something other than capacity slow?)")
-        elif hot and hot_since is not None and now - hot_since >= RATE_WINDOW_S and rec <= current:
+        elif seen:
             guard_ratio = lat
             rec = current + max(1, math.ceil(current * s.guard_step_percent / 100))
             reason = "LatencyAboveTarget"
