@@ -152,7 +152,7 @@ def test_a_breach_that_replicas_do_not_fix_stops_the_guardrail(after: float, add
     for now in (0.0, 15.0, 30.0, 45.0, 60.0):
         d = decide(now, m(16.0, p95_ms=2000, inflight=20), current=current, ready=4, policy=NO_LIMITS, history=h)
         current, h = d.desired, d.history
-    assert (current, d.reason, h.guard_ratio) == (5, "LatencyAboveTarget", 2.0)
+    assert (current, d.reason, h.guard_ratio, h.undercount) == (5, "LatencyAboveTarget", 2.0, 1.25)
     h = state.load(state.dump(h))
     assert h is not None and h.guard_ratio == 2.0
     for forged in (-1, 0.5, 1.0, "2", float("nan"), True):  # never recorded by a guardrail: none at all
@@ -172,6 +172,9 @@ def test_a_breach_that_replicas_do_not_fix_stops_the_guardrail(after: float, add
     else:
         assert (d.desired, d.reason) == (5, "LatencyNotCapacity")
         assert f"at {after / 1000:.0%} of its objective, no better than the 200% at which the guardrail last" in d.message
+        # it was not the sizing that was short: no correction kept for latencyGuardMemorySeconds
+        assert d.message.endswith("; the sizing's correction is dropped") and d.history.undercount_at is None
+        assert d.history.undercount == 1.0
         # back at the band's edge (110 % of the objective): the breach is over, the next is compared afresh
         calm = decide(270.0, m(16.0, p95_ms=1100, inflight=20), current=5, ready=5, policy=NO_LIMITS, history=h)
         assert calm.history.guard_ratio is None

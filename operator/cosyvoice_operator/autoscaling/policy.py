@@ -50,7 +50,8 @@ How a decision is made (``decide``):
    and the sizing is multiplied by what it was short for ``latencyGuardMemorySeconds``, instead of
    scaling back into the same breach once the scale-down window has passed. Once the replicas it added
    are ready and a whole window was seen with them, a latency no better than when it added them is not
-   a capacity shortfall: it adds no more in that breach (``LatencyNotCapacity``).
+   a capacity shortfall: it adds no more in that breach (``LatencyNotCapacity``) and drops the sizing's
+   correction.
 6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds`` (one rate window with a recurring pattern, or on a decline
    beyond the tolerance and the noise: ``_falling``), scale-up the lowest of ``scaleUp``'s window. Until a whole
@@ -689,6 +690,11 @@ def decide(now: float, metrics: Metrics, *, current: int, ready: int, policy: Se
             reason = "LatencyNotCapacity"
             message = (f"{lat_name} at {lat:.0%} of its objective, no better than the {guard_ratio:.0%} at which the "
                        f"guardrail last added replicas: not adding more (is something other than capacity slow?)")
+            if undercount_at is not None:
+                # what the guardrail took for a sizing short of replicas was not: once the latency is back, the
+                # count returns to what the sizing gives, rather than keeping the added replicas for the memory
+                undercount, undercount_at = 1.0, None
+                message += "; the sizing's correction is dropped"
         elif seen:
             guard_ratio = lat
             rec = current + max(1, math.ceil(current * s.guard_step_percent / 100))
