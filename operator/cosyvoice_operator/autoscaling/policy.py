@@ -323,12 +323,17 @@ def _rising(m: Metrics, s: Settings, arrival: float, since_burst: float) -> floa
         return m.qps_slope
     if since_burst < LONG_TREND_S:
         return None
-    x = m.rate_history[max(0, len(m.rate_history) - int(LONG_TREND_S // m.history_step_s)):]
+    x = _last(m, LONG_TREND_S)
     n = len(x)  # all of it while the history is shorter: longer than the trend window, it still sees more
     if n < 3 or n * m.history_step_s <= TREND_WINDOW_S:  # (a history sampled coarser has too few points)
         return None
     slope = forecast.slope(x) / m.history_step_s
     return slope if _beyond_noise(slope * n * m.history_step_s, n, arrival, m, s) else None
+
+
+def _last(m: Metrics, seconds: float) -> Sequence[float]:
+    """The rate history's samples over its last ``seconds`` (at least the last one; all while it is shorter)."""
+    return m.rate_history[-max(1, int(seconds // m.history_step_s)):]
 
 
 def _falling(m: Metrics, s: Settings) -> bool:
@@ -411,7 +416,7 @@ def _recent_level(m: Metrics, arrival: float) -> float:
     """The rate the minutes of the last trend window were at: their mean, unless this minute's rate
     (``arrival``) is beyond three standard deviations of the 1-minute rate's noise from it (a change, not a
     draw: then this minute's)."""
-    recent = m.rate_history[-max(1, int(TREND_WINDOW_S // m.history_step_s)):]
+    recent = _last(m, TREND_WINDOW_S)
     level = sum(recent) / len(recent)
     return arrival if abs(arrival - level) > BURST_Z * math.sqrt(_rate_noise_var(m)) else level
 
