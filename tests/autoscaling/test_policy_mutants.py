@@ -193,6 +193,46 @@ def test_the_noise_of_a_noisy_history_is_its_typical_second_difference() -> None
     assert after_decline(Metrics(qps=20.0, qps_slope=-9.0 / 300, p95_ms=300, rate_history=history)) == 5
 
 
+def blip(before: int, held: int, after: int, high: float = 30.0, back: float = 10.0) -> Metrics:
+    """10 req/s for ``before`` minutes, ``high`` for ``held``, then ``back`` for ``after``: a drop of the
+    1-minute rate beyond its noise (Poisson at 10 req/s: a jump between two minutes is beyond
+    3 × sqrt(2 × 10 / 60) = 1.73 req/s), and a decline over the trend window beyond the tolerance and the noise."""
+    history = (10.0,) * before + (high,) * held + (back,) * after
+    return Metrics(qps=10.0, qps_slope=-(high - back) / 300, p95_ms=300, rate_history=history)
+
+
+@pytest.mark.parametrize(("history", "desired"), [
+    (blip(12, 5, 2), 10),  # a spike of 5 minutes, over: the 300 s window rides it out, as for a recurrence
+    (blip(11, 6, 2), 3),  # held 6 minutes, beyond the window: a level that ended, the window shrinks
+    (blip(12, 3, 5), 10),  # the drop into the trend window's first minute counts
+    (blip(11, 3, 6), 3),  # one minute earlier it is outside the trend window: the decline alone decides
+    (blip(12, 3, 2, back=11.7), 10),  # back within a jump of where it was before the spike: a blip
+    (blip(12, 3, 2, back=11.8), 3),  # not back: a change of level (a flash crowd decaying), the window shrinks
+    (blip(12, 3, 2, back=5.0), 10),  # below where it was: the spike is over as well
+    (blip(12, 3, 1, back=20.0), 10),  # the drop is the newest minute: where it settles is not known yet
+], ids=["spike-5-min", "level-6-min", "drop-first-in-window", "drop-before-window", "back-within-a-jump",
+        "back-beyond-a-jump", "back-below", "drop-just-now"])
+def test_a_spike_that_ends_within_the_scale_down_window_keeps_the_window(history: Metrics, desired: int) -> None:
+    """Spikes come again: scaling down one rate window after each met the next a cold start short (random
+    spikes of 1-8 minutes: more violating minutes than HPA). A decline is a trend; the end of a spike is not."""
+    assert after_decline(history) == desired
+
+
+@pytest.mark.parametrize(("history", "desired"), [
+    ((30.0,) * 12 + (40.0,) * 3 + (37.0,), 8),  # a drop of exactly one jump is not a jump
+    ((30.0,) * 12 + (40.0,) * 3 + (36.99,), 10),
+    ((30.0,) * 12 + (33.0,) * 3 + (20.0,), 8),  # nor is a rise of exactly one
+    ((30.0,) * 12 + (33.01,) * 3 + (20.0,), 10),
+    ((28.0,) * 11 + (30.0,) + (40.0,) * 3 + (33.0,) * 2, 10),  # back to exactly a jump above the minute before it
+    ((30.0, 40.0, 40.0, 30.0), 10),  # a spike at the start of a short history
+], ids=["drop-of-one-jump", "drop-beyond", "rise-of-one-jump", "rise-beyond", "back-exactly", "short-history"])
+def test_a_jump_is_strictly_beyond_three_standard_deviations(history: tuple[float, ...], desired: int) -> None:
+    """At 30 req/s the Poisson variance of a 1-minute rate is 0.5: two minutes differ by a jump beyond
+    3 × sqrt(2 × 0.5) = 3 req/s. A decline of 10 req/s over the trend window is beyond the tolerance and the
+    noise; 30 req/s need 8 replicas, 10 are held by the window."""
+    assert after_decline(Metrics(qps=30.0, qps_slope=-10 / 300, p95_ms=300, rate_history=history)) == desired
+
+
 # --- inflight, sessions and saturation ----------------------------------------------------------------------
 
 def test_the_inflight_target_adds_a_count_only_when_it_is_larger() -> None:

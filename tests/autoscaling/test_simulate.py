@@ -187,7 +187,23 @@ def test_a_rate_that_moves_minute_to_minute_costs_less_than_a_pool_for_its_busie
     assert policy.gpu_hours < 0.9 * static.gpu_hours and policy.violating_minutes < hpa.violating_minutes
 
 
-@pytest.mark.parametrize("name", ["minute-noise.csv", "morning-rise.csv", "cron-spikes.csv", "busy-half-hours.csv"])
+def test_a_spike_soon_after_another_meets_the_replicas_the_first_brought() -> None:
+    """Two 3-minute spikes to 3× the load, the second 4 minutes after the first ends (no pattern: once): the
+    replicas started for the first are still there for the second, which violates fewer minutes than the first."""
+    cfg = SimConfig(minutes=40)
+    rate = np.full(50 * 60, 2 * PROFILE.rate_at_slo(cfg.slo_ms / 1000, cfg.audio_s))
+    first, second = (10 + 20) * 60, (10 + 27) * 60  # scored minutes 20 and 27, after 10 minutes of history
+    rate[first:first + 180] *= 3
+    rate[second:second + 180] *= 3
+    trace = Trace("two-spikes", rate, np.full(len(rate), cfg.audio_s), lead_s=600)
+    run = simulate(trace, make_scaler("policy", cfg, trace, PROFILE), cfg, 1, PROFILE)
+    replicas, p95 = np.array(run.series["replicas"]), np.array(run.series["p95_ms"])
+    assert replicas[26] >= replicas[22] > replicas[19]  # held between the spikes, not let go after one minute
+    assert (p95[27:31] > cfg.slo_ms).sum() < (p95[20:24] > cfg.slo_ms).sum()
+
+
+@pytest.mark.parametrize("name", ["minute-noise.csv", "morning-rise.csv", "cron-spikes.csv", "busy-half-hours.csv",
+                                  "random-spikes.csv"])
 def test_the_example_traces_replay(name: str) -> None:
     """The traces docs/autoscaling.md replays (a service's own traffic) parse whole."""
     trace = traces.read_csv(Path(__file__).resolve().parents[2] / "examples" / "traces" / name, 12.0)

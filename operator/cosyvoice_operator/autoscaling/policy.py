@@ -54,7 +54,8 @@ How a decision is made (``decide``):
    correction.
 6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds`` (one rate window with a recurring pattern, or on a decline
-   beyond the tolerance and the noise: ``_falling``), scale-up the lowest of ``scaleUp``'s window. Until a whole
+   beyond the tolerance and the noise that is not a spike ending within the window: ``_falling``), scale-up
+   the lowest of ``scaleUp``'s window. Until a whole
    scale-down window has been observed nothing scales down. The history is part of the decision's
    output; the operator keeps it in ``status.autoscaling.history``, so a restart or a new leader
    resumes the windows where they were.
@@ -338,9 +339,19 @@ def _last(m: Metrics, seconds: float) -> Sequence[float]:
 
 def _falling(m: Metrics, s: Settings) -> bool:
     """The rate fell over the trend window by more than the tolerance and three standard deviations of the
-    1-minute rate's noise."""
+    1-minute rate's noise, and not as the end of a spike: a jump down, back to (or below) where the rate was
+    before a jump up at most the scale-down window earlier (the window is there to ride out exactly that: spikes
+    come again), or a jump down in the newest sample, which may be a spike's end half seen. A jump is a change
+    between two minutes beyond three standard deviations of their difference's noise."""
     if m.qps_slope is None or m.arrival_qps is None:
         return False
+    x = m.rate_history
+    jump = BURST_Z * math.sqrt(2 * _rate_noise_var(m))
+    held = int(s.scale_down.stabilization_s // m.history_step_s)
+    for i in range(max(1, len(x) - len(_last(m, TREND_WINDOW_S))), len(x)):
+        if x[i - 1] - x[i] > jump and any(x[j] - x[j - 1] > jump and (i == len(x) - 1 or x[i] <= x[j - 1] + jump)
+                                           for j in range(max(1, i - held), i)):
+            return False
     return _beyond_noise(-m.qps_slope * TREND_WINDOW_S, TREND_WINDOW_S / RATE_WINDOW_S, m.arrival_qps, m, s)
 
 
