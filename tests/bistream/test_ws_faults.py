@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import socket
@@ -62,7 +63,9 @@ async def test_text_before_the_session_options_is_refused(server) -> None:
 async def test_a_message_beyond_the_socket_limit_is_cut_by_the_websocket_layer(server) -> None:
     ws = await open_raw(server.url, max_size=None)
     await start(ws)
-    await send(ws, {"type": "input_text.append", "text": "x" * (17 * 65536)})
+    # the server may close on the frame's header, before the client has finished writing its body
+    with contextlib.suppress(ConnectionClosed):
+        await send(ws, {"type": "input_text.append", "text": "x" * (17 * 65536)})
     _, _, close = await until_closed(ws)
     assert close == 1009
     assert_server_healthy(server.url)
