@@ -44,13 +44,18 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, model_dir: Path, device: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, model_dir: Path, device: str, *args: str, env: dict[str, str] | None = None,
+                 wait: bool = True) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "cosyvoice_server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--model-dir", str(model_dir), "--device", device, "--max-queue-size", "4096",
                "--request-timeout-s", "600", "--log-level", "warning", *args]
         self.proc = subprocess.Popen(cmd, env=env)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + 300
         while True:
             try:
@@ -59,7 +64,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server {args} did not start")
+                raise RuntimeError(f"server {self.proc.args} did not start")
             time.sleep(0.2)
 
     def stop(self) -> None:

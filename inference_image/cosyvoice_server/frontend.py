@@ -106,6 +106,24 @@ def split_paragraph(text: str, length, zh: bool, max_n: int = 80, min_n: int = 6
     return segments
 
 
+def _inflect_engine():
+    """inflect's engine, imported without typeguard's instrumentation. `@typechecked` recompiles the engine's
+    source when inflect is imported: 2.4 s of CPU in every process that normalizes English, a text worker's
+    whole start-up, for argument checks that are off under `python -O` anyway (our calls pass strings)."""
+    import sys
+
+    if "inflect" not in sys.modules:
+        import typeguard
+
+        instrumenting = typeguard.typechecked
+        typeguard.typechecked = lambda target=None, **_: target if target is not None else (lambda t: t)
+        try:
+            import inflect  # noqa: F401
+        finally:
+            typeguard.typechecked = instrumenting
+    return sys.modules["inflect"].engine()
+
+
 class TextFrontend:
     def __init__(self, tokenizer_path: Path, max_tokens_per_segment: int, min_tokens_per_segment: int = 60,
                  merge_tokens: int = 20, text_frontend: bool = True, hard_max_tokens: int = 400) -> None:
@@ -125,11 +143,10 @@ class TextFrontend:
 
     @cached_property
     def _normalizers(self):
-        from inflect import engine
         from wetext import Normalizer
 
         return (Normalizer(lang="zh", operator="tn", remove_erhua=False), Normalizer(lang="en", operator="tn"),
-                engine().number_to_words)
+                _inflect_engine().number_to_words)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -22,7 +22,6 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import onnx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -188,12 +187,10 @@ STAGE_IO = {
                 {"waveform": ("float", 2), "source": ("float", 3)}),
 }
 
-_ELEM = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT64: "int64",
-         onnx.TensorProto.INT32: "int32"}
-
-
 def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]]) -> None:
     """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds."""
+    import onnx  # here, not at the top: its import takes most of a second, and the worker processes need none
+
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ... for a corrupt file
@@ -209,7 +206,10 @@ def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], ou
             )
         for name, (elem, rank) in want.items():
             t = have[name].type.tensor_type
-            got_elem = _ELEM.get(t.elem_type, str(t.elem_type))
+            try:
+                got_elem = onnx.TensorProto.DataType.Name(t.elem_type).lower()
+            except ValueError:  # a type number this onnx does not know
+                got_elem = str(t.elem_type)
             got_rank = len(t.shape.dim) if t.HasField("shape") else rank
             if got_elem != elem or got_rank != rank:
                 raise ModelLoadError(
