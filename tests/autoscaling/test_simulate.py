@@ -270,9 +270,16 @@ def test_the_first_part_of_a_replayed_trace_can_be_history_that_is_not_scored(
 
 
 def test_a_csv_in_another_format_is_reported_at_its_line_not_skipped_as_headers(tmp_path: Path) -> None:
-    (tmp_path / "semicolons.csv").write_text("t_seconds;rate_rps\n0;5\n60;6\n")
-    with pytest.raises(ValueError, match=r"semicolons.csv:2: expected t_seconds,rate_rps"):
+    (tmp_path / "semicolons.csv").write_text("t_seconds;rate_rps\n0;5\n60;6,5\n")
+    with pytest.raises(ValueError, match=r"semicolons.csv:2: expected t_seconds,rate_rps.*separated by ';': save with "
+                                         r"commas between columns and '.' as the decimal mark"):
         traces.read_csv(tmp_path / "semicolons.csv", 12.0)
+    (tmp_path / "tabs.csv").write_text("0\t5\n60\t6\n")
+    with pytest.raises(ValueError, match=r"tabs.csv:2: .*separated by '\\t'"):  # line 1 reads as the header
+        traces.read_csv(tmp_path / "tabs.csv", 12.0)
+    (tmp_path / "spaces.csv").write_text("t_seconds,rate_rps\n0 5\n")
+    with pytest.raises(ValueError, match=r"spaces.csv:2: expected t_seconds,rate_rps\[,mean_audio_s\], got '0 5'$"):
+        traces.read_csv(tmp_path / "spaces.csv", 12.0)
     (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbft_seconds,rate_rps\r\n0,5\r\n60,8\r\n")  # BOM, CRLF
     assert list(traces.read_csv(tmp_path / "excel.csv", 12.0).rate[[0, 60]]) == [5.0, 8.0]
 

@@ -188,7 +188,11 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
             except (ValueError, IndexError):
                 malformed = True
             if malformed:
-                raise ValueError(f"{path}:{i}: expected t_seconds,rate_rps[,mean_audio_s], got {','.join(row)!r}")
+                line = ",".join(row)
+                # a spreadsheet saved in a locale whose decimal mark is the comma separates with ';' or tabs
+                hint = next((f" (columns separated by {sep!r}: save with commas between columns and '.' as the "
+                             "decimal mark)" for sep in (";", "\t") if sep in line), "")
+                raise ValueError(f"{path}:{i}: expected t_seconds,rate_rps[,mean_audio_s], got {line!r}{hint}")
             if not all(math.isfinite(x) for x in (t, rate, audio)):
                 raise ValueError(f"{path}:{i}: every value must be a finite number, got {','.join(row)!r}")
             if rate < 0 or audio <= 0:
