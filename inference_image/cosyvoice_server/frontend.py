@@ -16,6 +16,7 @@ past its flow noise buffer.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import unicodedata
 from functools import cached_property
@@ -106,22 +107,26 @@ def split_paragraph(text: str, length, zh: bool, max_n: int = 80, min_n: int = 6
     return segments
 
 
+_INFLECT_IMPORT = threading.Lock()  # the swap below is process-wide: one thread at a time
+
+
 def _inflect_engine():
     """inflect's engine, imported without typeguard's instrumentation. `@typechecked` recompiles the engine's
     source when inflect is imported: 2.4 s of CPU in every process that normalizes English, a text worker's
     whole start-up, for argument checks that are off under `python -O` anyway (our calls pass strings)."""
-    import sys
+    with _INFLECT_IMPORT:
+        if "inflect" not in sys.modules:
+            import typeguard
 
-    if "inflect" not in sys.modules:
-        import typeguard
+            instrumenting = typeguard.typechecked
+            typeguard.typechecked = lambda target=None, **_: target if target is not None else (lambda t: t)
+            try:
+                import inflect  # noqa: F401
+            finally:
+                typeguard.typechecked = instrumenting
+    import inflect
 
-        instrumenting = typeguard.typechecked
-        typeguard.typechecked = lambda target=None, **_: target if target is not None else (lambda t: t)
-        try:
-            import inflect  # noqa: F401
-        finally:
-            typeguard.typechecked = instrumenting
-    return sys.modules["inflect"].engine()
+    return inflect.engine()
 
 
 class TextFrontend:
