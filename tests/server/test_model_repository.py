@@ -63,6 +63,18 @@ def test_wrong_tensor_name_is_reported(model):
         validate_model_dir(model)
 
 
+@pytest.mark.parametrize("elem_type, named", [(onnx.TensorProto.FLOAT16, "float16"), (onnx.TensorProto.INT32, "int32"),
+                                               (999, "999")])  # 999: a type number no onnx release has
+def test_wrong_tensor_type_is_reported_by_name(model, elem_type, named):
+    path = model / "flow.decoder.estimator.fp32.onnx"
+    m = onnx.load(str(path))
+    m.graph.input[3].type.tensor_type.elem_type = elem_type  # "t"
+    onnx.save(m, str(path))
+    with pytest.raises(ModelLoadError, match=rf"estimator\.fp32\.onnx: flow estimator input 't' is {named} rank 1, "
+                                             r"expected float rank 1"):
+        validate_model_dir(model)
+
+
 def test_manifest_layer_count_must_match_the_llm_graph(model):
     man = yaml.safe_load((model / "model.yaml").read_text())
     man["llm"]["num_layers"] = 3

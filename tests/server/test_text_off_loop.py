@@ -10,6 +10,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 
@@ -55,6 +57,25 @@ def test_worker_segments_are_the_in_process_frontends(frontend_spec):
             assert all(s.dtype == np.int64 for s in got)
     finally:
         workers.close()
+
+
+def test_a_worker_starts_without_the_imports_that_made_it_slow() -> None:
+    # What a text worker's start-up costs is its imports (docs/benchmarks.md, Start-up): onnx is not one of them,
+    # inflect comes without typeguard's recompiled checks, and typeguard is left as it was for anything else.
+    probe = """
+import sys, typeguard
+from cosyvoice_server import text_workers
+from cosyvoice_server.config import BUNDLED_MODEL
+from cosyvoice_server.model.manifest import load_manifest
+before = typeguard.typechecked
+text_workers._init(str(BUNDLED_MODEL), load_manifest(BUNDLED_MODEL).frontend)
+assert text_workers._error is None, text_workers._error
+import inflect
+print("onnx" in sys.modules, "typeguard" in inflect.engine.number_to_words.__code__.co_names,
+      typeguard.typechecked is before, inflect.engine().number_to_words("42"))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["False", "False", "True", "forty-two"]
 
 
 def test_a_worker_that_dies_is_replaced(frontend_spec):

@@ -187,6 +187,7 @@ STAGE_IO = {
                 {"waveform": ("float", 2), "source": ("float", 3)}),
 }
 
+
 def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]]) -> None:
     """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds."""
     import onnx  # here, not at the top: its import takes most of a second, and the worker processes need none
