@@ -177,10 +177,11 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
                 header_allowed = False
                 continue  # the header: the first line only, so rows in another format are reported, not skipped
             header_allowed = False
+            line = ",".join(row)  # as written, for the errors
             dated = stamp is not None if dated is None else dated
             if (stamp is not None) != dated:
                 kind = "a date and time" if dated else "seconds"
-                raise ValueError(f"{path}:{i}: expected {kind} like the first row's, got {','.join(row)!r}")
+                raise ValueError(f"{path}:{i}: expected {kind} like the first row's, got {line!r}")
             try:
                 t, rate = stamp if stamp is not None else float(row[0]), float(row[1])
                 audio = float(row[2]) if len(row) > 2 and row[2].strip() else default_audio_s
@@ -188,13 +189,12 @@ def read_csv(path: str | Path, default_audio_s: float, outages: Sequence[tuple[f
             except (ValueError, IndexError):
                 malformed = True
             if malformed:
-                line = ",".join(row)
                 # a spreadsheet saved in a locale whose decimal mark is the comma separates with ';' or tabs
                 hint = next((f" (columns separated by {sep!r}: save with commas between columns and '.' as the "
                              "decimal mark)" for sep in (";", "\t") if sep in line), "")
                 raise ValueError(f"{path}:{i}: expected t_seconds,rate_rps[,mean_audio_s], got {line!r}{hint}")
             if not all(math.isfinite(x) for x in (t, rate, audio)):
-                raise ValueError(f"{path}:{i}: every value must be a finite number, got {','.join(row)!r}")
+                raise ValueError(f"{path}:{i}: every value must be a finite number, got {line!r}")
             if rate < 0 or audio <= 0:
                 raise ValueError(f"{path}:{i}: the rate must be ≥ 0 and the audio length > 0")
             if rows and t <= rows[-1][0]:
