@@ -55,8 +55,7 @@ How a decision is made (``decide``):
 6. **Stabilization** (HPA v2 ``behavior``): scale-down takes the highest recommendation of the last
    ``scaleDown.stabilizationWindowSeconds`` (one rate window with a recurring pattern, or on a decline
    beyond the tolerance and the noise that is not a spike ending within the window: ``_falling``), scale-up
-   the lowest of ``scaleUp``'s window. Until a whole
-   scale-down window has been observed nothing scales down. The history is part of the decision's
+   the lowest of ``scaleUp``'s window. Until a whole scale-down window has been observed nothing scales down. The history is part of the decision's
    output; the operator keeps it in ``status.autoscaling.history``, so a restart or a new leader
    resumes the windows where they were.
 7. **Rate limits**: ``policies`` of Pods/Percent per period, combined by ``selectPolicy``, counted
@@ -341,8 +340,9 @@ def _falling(m: Metrics, s: Settings) -> bool:
     """The rate fell over the trend window by more than the tolerance and three standard deviations of the
     1-minute rate's noise, and not as the end of a spike: a jump down, back to (or below) where the rate was
     before a jump up at most the scale-down window earlier (the window is there to ride out exactly that: spikes
-    come again), or a jump down in the newest sample, which may be a spike's end half seen. A jump is a change
-    between two minutes beyond three standard deviations of their difference's noise."""
+    come again). In the newest sample a jump down after such a jump up is enough, at any level: it may be a
+    spike's end half seen. A jump is a change between two minutes beyond three standard deviations of their
+    difference's noise."""
     if m.qps_slope is None or m.arrival_qps is None:
         return False
     x = m.rate_history
