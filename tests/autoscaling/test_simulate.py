@@ -12,9 +12,10 @@ import pytest
 
 from cosyvoice_operator.autoscaling import traces
 from cosyvoice_operator.autoscaling.baselines import HPA, KEDA, Observation, ProjectPolicy
-from cosyvoice_operator.autoscaling.policy import Metrics, Settings
-from cosyvoice_operator.autoscaling.simulate import (RunResult, SimConfig, Trace, generated, load_profile, make_scaler,
-                                                     needed_replicas, pool_bound, simulate)
+from cosyvoice_operator.autoscaling.policy import DEFAULT_SCALE_DOWN, Metrics, Policy, Rules, Settings
+from cosyvoice_operator.autoscaling.simulate import (RunResult, SimConfig, Trace, default_settings, generated,
+                                                     load_profile, make_scaler, needed_replicas, pool_bound,
+                                                     service_config, simulate)
 from cosyvoice_operator.cli import main
 from cosyvoice_operator.spec import Batching
 
@@ -388,6 +389,18 @@ def test_a_service_is_read_from_standard_input_as_kubectl_prints_it(
     out = capsys.readouterr()
     assert "CosyVoiceService tts-canary: replicas 2–3, SLO p95 1500 ms" in out.err
     assert json.loads(out.out)["rows"][0]["policy"] == "policy"
+
+
+def test_the_documented_policy_without_prewarming_differs_from_the_default_in_those_two_levers_only() -> None:
+    """docs/autoscaling.md replays the held-out set with this manifest to show what the mixed family's cost
+    clause takes: the simulator's default service with the forecast off and an unwindowed scale-down."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "autoscaling" / "without-prewarming.yaml"
+    cfg, settings, _ = service_config(path.read_text(), CFG)
+    assert cfg == CFG
+    assert (settings.season_lookback_s, settings.scale_down) == \
+        (0.0, Rules(0.0, (Policy("Percent", 100, 60.0),), "Max"))
+    assert replace(settings, season_lookback_s=Settings.season_lookback_s, scale_down=DEFAULT_SCALE_DOWN) == \
+        default_settings(CFG, PROFILE)
 
 
 @pytest.mark.parametrize(("text", "why"), [
