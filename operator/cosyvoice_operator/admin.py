@@ -48,6 +48,10 @@ class MetricsSource(_Model):
     insecure_skip_verify: bool = False
     # Namespaces whose services may use the source (globs); empty: every namespace.
     namespaces: tuple[str, ...] = ()
+    # Whether a service may run its own PromQL (spec.autoscaling.queries) here. Off: a query is text the CR
+    # author writes, and it would run with this source's credentials over every namespace's series; the
+    # built-in queries select the service's own. On for a Prometheus that holds only what its users may read.
+    allow_query_overrides: bool = False
 
     def serves(self, namespace: str) -> bool:
         return not self.namespaces or any(fnmatch.fnmatchcase(namespace, p) for p in self.namespaces)
@@ -180,4 +184,13 @@ def resolve_source(policy: AdminPolicy, namespace: str, auto: Any) -> tuple[str,
     if source is None or not source.serves(namespace):
         return SourceError("MetricsSourceNotAllowed", f"metrics source {name!r} is not defined for namespace "
                            f"{namespace}; available: {names}")
+    queries = getattr(auto, "queries", None)
+    overridden = [info.alias or field for field, info in type(queries).model_fields.items()
+                  if getattr(queries, field) is not None] if queries is not None else []
+    if overridden and not source.allow_query_overrides:
+        return SourceError("QueryOverrideNotAllowed", f"spec.autoscaling.queries ({', '.join(overridden)}) would run "
+                           f"on metrics source {name!r} with the operator's credentials, which read every namespace's "
+                           "series; its administrator allows that per source (operator chart value "
+                           f"{HELM_SOURCES}.{name}.allowQueryOverrides). Remove spec.autoscaling.queries: the built-in "
+                           "queries select this service's own series")
     return name, source

@@ -148,7 +148,7 @@ async def test_a_restarted_operator_keeps_the_scale_down_window_it_had(
                 "scaleDown": {"stabilizationWindowSeconds": window,
                               "policies": [{"type": "Pods", "value": 10, "periodSeconds": 1}]},
                 "queries": {"qps": "max(test_demand_qps{$selector})"}, "metricsSource": "local"}}}
-    sources = AdminPolicy.model_validate({"metricsSources": {"local": {"url": prom.url}}})
+    sources = AdminPolicy.model_validate({"metricsSources": {"local": {"url": prom.url, "allowQueryOverrides": True}}})
 
     def high_times() -> list[float]:
         recs = (auto_status(cluster).get("history") or {}).get("recommendations") or []

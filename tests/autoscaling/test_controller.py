@@ -91,6 +91,33 @@ def test_no_metrics_source_holds_and_says_so(tmp_path: Path) -> None:
     assert [e["reason"] for e in api.created] == ["NoMetricsSource"]
 
 
+def test_a_services_own_promql_runs_only_where_the_administrator_allows_it(tmp_path: Path) -> None:
+    """spec.autoscaling.queries is text the CR author writes, run with the source's credentials: without the
+    source's allowQueryOverrides nothing is queried (another namespace's series, kube-state-metrics' view of
+    Secrets) and the replicas hold, with a condition that says why and what to do."""
+    stolen = 'sum(rate(cosyvoice_requests_total{namespace="tenant-b"}[2m]))'
+    api = FakeKube({("cosyvoiceservices", "tts"): service(queries={"qps": stolen})})
+    sent: list[str] = []
+
+    def connect(url: str, **kw: Any) -> Any:
+        return lambda q: sent.append(q) or (vec(30.0) if q == stolen else vec(1.0))
+
+    decision = Autoscaler(api, connect=connect, policy=policy(tmp_path)).evaluate("speech", "tts")  # type: ignore[arg-type]
+    assert decision is not None and decision.desired == 2 and sent == []
+    (status,) = [p for r, sub, p in api.patches if sub == "status"]
+    assert "currentQPS" not in status["status"]["autoscaling"]
+    active = {c["type"]: c for c in status["status"]["autoscaling"]["conditions"]}["ScalingActive"]
+    assert (active["status"], active["reason"]) == ("False", "QueryOverrideNotAllowed")
+    assert "spec.autoscaling.queries (qps)" in active["message"] and "allowQueryOverrides" in active["message"]
+
+    allowed = admin.AdminPolicy.model_validate({"metricsSources": {"main": {
+        **policy(tmp_path).metrics_sources["main"].model_dump(by_alias=True, mode="json"), "allowQueryOverrides": True}}})
+    api = FakeKube({("cosyvoiceservices", "tts"): service(queries={"qps": stolen}),
+                    ("deployments", "tts"): {"status": {"readyReplicas": 2}}})
+    decision = Autoscaler(api, connect=connect, clock=lambda: 100.0, policy=allowed).evaluate("speech", "tts")  # type: ignore[arg-type]
+    assert stolen in sent and decision is not None and decision.desired == 6
+
+
 def test_failing_prometheus_holds_and_reports(tmp_path: Path) -> None:
     def down(q: str) -> Any:
         raise QueryFailed("ConnectionError: refused")

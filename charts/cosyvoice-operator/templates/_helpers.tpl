@@ -66,7 +66,7 @@ the paths of their mounted credentials, and the bounds. Parsed by cosyvoice_oper
 {{- $dir := include "cosyvoice-operator.metricsDir" . -}}
 {{- $sources := dict -}}
 {{- range $name, $src := .Values.metricsSources -}}
-{{- $out := dict "url" $src.url "insecureSkipVerify" (default false $src.insecureSkipVerify) "namespaces" (default list $src.namespaces) -}}
+{{- $out := dict "url" $src.url "insecureSkipVerify" (default false $src.insecureSkipVerify) "namespaces" (default list $src.namespaces) "allowQueryOverrides" (default false $src.allowQueryOverrides) -}}
 {{- if $src.bearerTokenSecret -}}{{- $_ := set $out "bearerTokenFile" (printf "%s/%s/token" $dir $name) -}}{{- end -}}
 {{- if $src.caSecret -}}{{- $_ := set $out "caFile" (printf "%s/%s/ca.crt" $dir $name) -}}{{- end -}}
 {{- $_ := set $sources $name $out -}}
