@@ -60,10 +60,17 @@ OPERATOR_ENV: Final = (
     "COSYVOICE_ALLOW_VOICE_REGISTRATION", "COSYVOICE_VOICE_REGISTRATION_KEY_FILE", "COSYVOICE_VOICE_REGISTRATION_KEY",
 )
 
-# A Secret a CosyVoiceService names (API key, storage credentials, env secretKeyRef) must be in the
-# service's namespace and carry this label: its owner opts in to having CosyVoiceServices use it.
-SECRET_OPT_IN_LABEL: Final = f"{GROUP}/allow-reference"
-SECRET_OPT_IN_VALUE: Final = "true"
+# Variables that change what the server's interpreter, dynamic loader or GPU runtime loads or exposes: with
+# them a CR could run its own code inside an image the administrator allowed (PYTHONPATH, LD_PRELOAD) or, on
+# a GPU node, see every GPU of the node (NVIDIA_VISIBLE_DEVICES=all under the NVIDIA container runtime).
+FORBIDDEN_ENV_PREFIXES: Final = ("LD_", "PYTHON", "NVIDIA_")
+FORBIDDEN_ENV: Final = ("GCONV_PATH", "LOCPATH")
+
+# A Secret, ConfigMap, PersistentVolumeClaim or ServiceAccount a CosyVoiceService names (API key, storage
+# credentials, env references, model and voice claims, the pods' service account) must be in the service's
+# namespace and carry this label: its owner opts in to having CosyVoiceServices use it.
+OPT_IN_LABEL: Final = f"{GROUP}/allow-reference"
+OPT_IN_VALUE: Final = "true"
 
 # NVIDIA device plugin / GPU feature discovery names.
 GPU_RESOURCE: Final = "nvidia.com/gpu"

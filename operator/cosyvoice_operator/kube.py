@@ -28,6 +28,14 @@ METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,ap
 TRANSIENT_STATUSES = frozenset({0, 408, 409, 429, 500, 502, 503, 504})
 
 
+def _segment(value: str) -> str:
+    """A namespace or name as one path segment. Names come from specs: one that is not a single segment
+    ('../../kube-system/secrets/x', 'a%2Fb') would address another object with the operator's rights."""
+    if value in (".", "..") or any(c in value for c in "/%?#\\"):
+        raise ValueError(f"{value!r} cannot name a Kubernetes object")
+    return value
+
+
 @dataclass(frozen=True)
 class Resource:
     api_version: str
@@ -39,10 +47,10 @@ class Resource:
         base = f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
         parts = [base]
         if self.namespaced and namespace:
-            parts.append(f"namespaces/{namespace}")
+            parts.append(f"namespaces/{_segment(namespace)}")
         parts.append(self.plural)
         if name:
-            parts.append(name)
+            parts.append(_segment(name))
             if subresource:
                 parts.append(subresource)
         return "/".join(parts)
@@ -56,7 +64,9 @@ SERVICE_MONITORS = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servi
 PODS = Resource("v1", "Pod", "pods")
 NODES = Resource("v1", "Node", "nodes", namespaced=False)
 SECRETS = Resource("v1", "Secret", "secrets")
+CONFIG_MAPS = Resource("v1", "ConfigMap", "configmaps")
 PVCS = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+SERVICE_ACCOUNTS = Resource("v1", "ServiceAccount", "serviceaccounts")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 _BY_KIND = {(r.api_version, r.kind): r for r in (COSYVOICESERVICES, DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS,
                                                  PODS, NODES)}

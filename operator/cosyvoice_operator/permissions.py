@@ -59,11 +59,16 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
     Permission("", "pods", ("get", "list", "watch"), "report failing inference pods in status"),
     # GPU capacity: MIG slices already held by pods in any namespace.
     Permission("", "pods", ("list",), "count GPU/MIG slices held by all pods", cluster_wide=True),
-    # A Secret a CosyVoiceService's pods would read must carry the opt-in label: the operator reads its
-    # metadata only (never its data; metrics credentials are files mounted into the operator's pod).
+    # A Secret, ConfigMap, claim or ServiceAccount a CosyVoiceService's pods would use must carry the opt-in
+    # label: the operator reads their metadata only (never a Secret's data; metrics credentials are files
+    # mounted into the operator's pod).
     Permission("", "secrets", ("get",), "check the opt-in label of Secrets a CosyVoiceService names (metadata)"),
-    # The voice store claim's access modes: a claim the replicas cannot share gets a warning event.
-    Permission("", "persistentvolumeclaims", ("get",), "warn when spec.voices.pvc cannot be shared by the replicas"),
+    Permission("", "configmaps", ("get",), "check the opt-in label of ConfigMaps a CosyVoiceService names (metadata)"),
+    Permission("", "serviceaccounts", ("get",),
+               "check the opt-in label of the ServiceAccount a CosyVoiceService names (metadata)"),
+    # The claims' opt-in label; the voice store's access modes: one the replicas cannot share gets a warning.
+    Permission("", "persistentvolumeclaims", ("get",), "check the opt-in label of claims a CosyVoiceService mounts "
+               "(metadata); warn when spec.voices.pvc cannot be shared by the replicas"),
     # kopf posts Kubernetes events about handler outcomes.
     Permission("", "events", ("create",), "kopf's events on CosyVoiceServices"),
     # Cluster-scoped: GPU capacity (allocatable MIG slices) and kopf's resource/namespace discovery.

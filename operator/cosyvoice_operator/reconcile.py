@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import admin, apply, capacity, kube, render
-from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, SECRET_OPT_IN_LABEL, \
-    SECRET_OPT_IN_VALUE
+from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, OPT_IN_LABEL, \
+    OPT_IN_VALUE
 from .spec import CosyVoiceServiceSpec, InvalidSpec, UnknownField, check_name, parse_spec, unknown_fields
 from .status import Condition, Observed, conditions_for, invalid_conditions, parse_conditions, render_conditions, \
     status_body, transitions
@@ -31,8 +31,22 @@ class ChildConflict(InvalidSpec):
     """A child's name is taken by an object this CosyVoiceService does not own."""
 
 
-class SecretNotAllowed(InvalidSpec):
-    """The spec names a Secret whose owner has not opted in to CosyVoiceServices using it."""
+class ReferenceNotAllowed(InvalidSpec):
+    """The spec names a Secret, ConfigMap, claim or ServiceAccount whose owner has not opted in to
+    CosyVoiceServices using it (or that the operator cannot check). ``revoked``: at least one exists without
+    the label, so pods already running must stop using it."""
+
+    def __init__(self, message: str, revoked: bool = False) -> None:
+        super().__init__(message)
+        self.revoked = revoked
+
+
+class SecretNotAllowed(ReferenceNotAllowed):
+    """Every object refused is a Secret (the reason the operator has always given for them)."""
+
+
+_REFERENCED = {render.SECRET: kube.SECRETS, render.CONFIG_MAP: kube.CONFIG_MAPS, render.CLAIM: kube.PVCS,
+               render.SERVICE_ACCOUNT: kube.SERVICE_ACCOUNTS}
 
 
 def _no_events(obj: Obj, type_: str, reason: str, message: str) -> None:
@@ -169,11 +183,13 @@ class Reconciler:
             check_applied_manifest(cr)
             rendered = render.render(owner, spec)
             admin.check_bounds(spec, render.container_resources(spec).get("limits") or {}, self.policy.bounds)
-            self._check_secrets(owner, rendered)
+            self._check_references(owner, rendered)
             self._check_voice_store(cr, owner, spec)
             actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
         except InvalidSpec as exc:
             self._record_invalid(cr, exc, previous, previous_status, generation)
+            if isinstance(exc, ReferenceNotAllowed) and exc.revoked and owner.uid:
+                self._stop_using(cr, owner)
             raise
         for api_version, kind_ in rendered.absent:
             if (a := self._ensure_absent(cr, owner, kube.resource_of(api_version, kind_))):
@@ -209,11 +225,9 @@ class Reconciler:
             claim = self.kube.get(kube.PVCS, owner.namespace, pvc.claim_name)
         except kube.ApiError:
             return  # not allowed or not now: the pods' own status says what goes wrong
-        where = f"PersistentVolumeClaim {pvc.claim_name} (spec.voices.pvc)"
         if claim is None:
-            self._warn_once(cr, "VoiceStoreMissing", f"{where} does not exist in namespace {owner.namespace}; "
-                            "the pods wait for it")
-            return
+            return  # deleted since the opt-in check: the next pass refuses it
+        where = f"PersistentVolumeClaim {pvc.claim_name} (spec.voices.pvc)"
         modes = set((claim.get("spec") or {}).get("accessModes") or [])
         if "ReadWriteMany" in modes or ("ReadOnlyMany" in modes and not spec.voices.registration.enabled):
             return
@@ -221,27 +235,44 @@ class Reconciler:
                         f"up to {most} replicas on different nodes cannot all mount it (Multi-Attach error); "
                         "use a ReadWriteMany claim (NFS, CephFS, EFS, Filestore, Azure Files)")
 
-    def _check_secrets(self, owner: render.Owner, rendered: render.Rendered) -> None:
-        """Every Secret the pods would read is in the service's namespace (pods cannot reach others) and
-        opted in by its owner's label; the operator reads only the Secrets' metadata to check."""
+    def _check_references(self, owner: render.Owner, rendered: render.Rendered) -> None:
+        """Every Secret, ConfigMap, claim and ServiceAccount the pods would use is in the service's namespace
+        (pods cannot reach others) and opted in by its owner's label; the operator reads only their metadata."""
         dep = rendered.get("Deployment") or {}
         problems: list[str] = []
-        for where, name in render.secrets_used(dep["spec"]["template"]["spec"]):
+        kinds: set[str] = set()
+        revoked = False
+        for kind, where, name in render.objects_used(dep["spec"]["template"]["spec"]):
+            what = f"{kind} {name} ({where})"
             try:
-                secret = self.kube.get_metadata(kube.SECRETS, owner.namespace, name)
+                obj = self.kube.get_metadata(_REFERENCED[kind], owner.namespace, name)
             except kube.ApiError as exc:
                 if exc.status != 403:
                     raise
-                problems.append(f"Secret {name} ({where}): the operator may not check it: {exc.message or exc.reason}")
-                continue
-            if secret is None:
-                problems.append(f"Secret {name} ({where}) does not exist in namespace {owner.namespace}")
-            elif (secret["metadata"].get("labels") or {}).get(SECRET_OPT_IN_LABEL) != SECRET_OPT_IN_VALUE:
-                problems.append(f"Secret {name} ({where}) is not labelled {SECRET_OPT_IN_LABEL}={SECRET_OPT_IN_VALUE}"
-                                f" (its owner opts in with: kubectl label secret {name} -n {owner.namespace} "
-                                f"{SECRET_OPT_IN_LABEL}={SECRET_OPT_IN_VALUE})")
+                obj, problem = None, f"{what}: the operator may not check it: {exc.message or exc.reason}"
+            else:
+                problem = f"{what} does not exist in namespace {owner.namespace}" if obj is None else None
+            if obj is not None and (obj["metadata"].get("labels") or {}).get(OPT_IN_LABEL) != OPT_IN_VALUE:
+                revoked = True
+                problem = (f"{what} is not labelled {OPT_IN_LABEL}={OPT_IN_VALUE} (its owner opts in with: kubectl "
+                           f"label {kind.lower()} {name} -n {owner.namespace} {OPT_IN_LABEL}={OPT_IN_VALUE})")
+            if problem:
+                problems.append(problem)
+                kinds.add(kind)
         if problems:
-            raise SecretNotAllowed("; ".join(dict.fromkeys(problems)))
+            cls = SecretNotAllowed if kinds == {render.SECRET} else ReferenceNotAllowed
+            raise cls("; ".join(dict.fromkeys(problems)), revoked=revoked)
+
+    def _stop_using(self, cr: Obj, owner: render.Owner) -> None:
+        """Fail closed on a revoked opt-in: the running pods still mount what their owner no longer allows
+        (the kubelet even keeps a Secret volume up to date), so the Deployment goes to 0 replicas until the
+        label is back or the spec no longer names it."""
+        live = self.kube.get(kube.DEPLOYMENTS, owner.namespace, owner.name)
+        if live is None or not is_controlled_by(live, owner.uid) or not (live.get("spec") or {}).get("replicas"):
+            return
+        self.kube.patch(kube.DEPLOYMENTS, owner.namespace, owner.name, {"spec": {"replicas": 0}})
+        self.record(cr, "Warning", "ScaledToZero", f"Deployment {owner.name} scaled to 0: its pods use an object "
+                    "whose owner has not opted in (see the Ready condition)")
 
     def _ensure(self, cr: Obj, owner: render.Owner, desired: Obj) -> str | None:
         """Create the child or patch it towards ``desired``; a short description of what was done."""

@@ -423,27 +423,42 @@ def service_monitor(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
     }
 
 
-def secrets_used(pod: Obj) -> list[tuple[str, str]]:
-    """(where, Secret name) for every Secret a rendered pod reads: volumes, env and envFrom.
+# The kinds of object a pod can read from its namespace, besides its image: each must be opted in by its owner.
+SECRET, CONFIG_MAP, CLAIM, SERVICE_ACCOUNT = "Secret", "ConfigMap", "PersistentVolumeClaim", "ServiceAccount"
 
-    Derived from the pod itself so that no way of naming a Secret is missed. ``imagePullSecrets`` are
-    not included: the kubelet sends a pull secret's credentials only to the registry they are for.
+
+def objects_used(pod: Obj) -> list[tuple[str, str, str]]:
+    """(kind, where, name) for every Secret, ConfigMap, PersistentVolumeClaim and ServiceAccount a rendered
+    pod reads: volumes (projected ones too), env, envFrom and its service account.
+
+    Derived from the pod itself so that no way of naming one is missed. Not included: ``imagePullSecrets``
+    (the kubelet sends a pull secret's credentials only to the registry they are for) and the namespace's
+    ``default`` ServiceAccount, which every pod that names none runs as.
     """
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
     for vol in pod.get("volumes") or []:
-        if (vol.get("secret") or {}).get("secretName"):
-            found.append((f"volume {vol['name']}", vol["secret"]["secretName"]))
+        where = f"volume {vol['name']}"
+        for kind, key, source in ((SECRET, "secretName", vol.get("secret")), (CONFIG_MAP, "name", vol.get("configMap")),
+                                  (CLAIM, "claimName", vol.get("persistentVolumeClaim"))):
+            if (source or {}).get(key):
+                found.append((kind, where, source[key]))
         for source in (vol.get("projected") or {}).get("sources") or []:
-            if (source.get("secret") or {}).get("name"):
-                found.append((f"volume {vol['name']}", source["secret"]["name"]))
+            for kind, ref in ((SECRET, source.get("secret")), (CONFIG_MAP, source.get("configMap"))):
+                if (ref or {}).get("name"):
+                    found.append((kind, where, ref["name"]))
     for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
         for env in container.get("env") or []:
-            ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
-            if ref.get("name"):
-                found.append((f"env {env['name']} of container {container['name']}", ref["name"]))
+            value_from = env.get("valueFrom") or {}
+            for kind, ref in ((SECRET, value_from.get("secretKeyRef")), (CONFIG_MAP, value_from.get("configMapKeyRef"))):
+                if (ref or {}).get("name"):
+                    found.append((kind, f"env {env['name']} of container {container['name']}", ref["name"]))
         for source in container.get("envFrom") or []:
-            if (source.get("secretRef") or {}).get("name"):
-                found.append((f"envFrom of container {container['name']}", source["secretRef"]["name"]))
+            for kind, ref in ((SECRET, source.get("secretRef")), (CONFIG_MAP, source.get("configMapRef"))):
+                if (ref or {}).get("name"):
+                    found.append((kind, f"envFrom of container {container['name']}", ref["name"]))
+    account = pod.get("serviceAccountName")
+    if account and account != "default":
+        found.append((SERVICE_ACCOUNT, "serviceAccountName", account))
     return found
 
 

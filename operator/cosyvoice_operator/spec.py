@@ -13,22 +13,35 @@ import re
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from . import mig
-from .constants import DEFAULT_IMAGE, OPERATOR_ENV
+from .constants import DEFAULT_IMAGE, FORBIDDEN_ENV, FORBIDDEN_ENV_PREFIXES, OPERATOR_ENV
 from .server_settings import cr_field
 
 QUANTITY_RE = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 PERCENT_RE = r"^[0-9]+%$"
 DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# What Kubernetes accepts as the name of a Secret, ConfigMap, claim, ServiceAccount or PriorityClass. The
+# operator puts these names into API paths: a '/' or '..' would reach another namespace's objects.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 STORAGE_URI_RE = r"^(file|https?|s3|gs)://\S+$"
 
 Quantity = int | Annotated[str, Field(pattern=QUANTITY_RE)]
 IntOrPercent = Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=PERCENT_RE)]
 Precision = Literal["fp32", "fp16", "int8"]
+
+
+def _object_name(value: str) -> str:
+    if not re.match(DNS1123_SUBDOMAIN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes object name (lowercase letters, digits, '-' and '.', "
+                         "starting and ending with a letter or digit)")
+    return value
+
+
+ObjectName = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_object_name)]
 
 
 class InvalidSpec(ValueError):
@@ -45,20 +58,30 @@ class _Model(BaseModel):
 
 
 class SecretKeyRef(_Model):
-    name: str = Field(min_length=1, max_length=253)
+    name: ObjectName
     key: str = Field(min_length=1, max_length=253)
 
 
 class LocalObjectReference(_Model):
-    name: str = Field(min_length=1, max_length=253)
+    name: ObjectName
+
+
+# A path inside a volume: relative, no trailing '/' (and no '..', checked by each model).
+SUB_PATH_RE = r"^[^/](.*[^/])?$"
 
 
 # --- model source -------------------------------------------------------------------------------
 
 class PVCSource(_Model):
-    claim_name: str = Field(min_length=1, max_length=253)
-    sub_path: str | None = Field(default=None, max_length=1024)
+    claim_name: ObjectName
+    sub_path: str | None = Field(default=None, max_length=1024, pattern=SUB_PATH_RE)
     read_only: bool = True
+
+    @model_validator(mode="after")
+    def _inside_the_volume(self) -> PVCSource:
+        if self.sub_path is not None and ".." in self.sub_path.split("/"):
+            raise ValueError("storage.pvc.subPath must stay inside the volume (no '..')")
+        return self
 
 
 class Storage(_Model):
@@ -82,7 +105,6 @@ class Storage(_Model):
 
 # --- registered voices ----------------------------------------------------------------------------
 
-SUB_PATH_RE = r"^[^/](.*[^/])?$"
 REGISTRATION_NEEDS_PVC = ("voices.registration.enabled needs voices.pvc: registered voices live on a volume every "
                           "replica mounts (a ReadWriteMany PersistentVolumeClaim)")
 REGISTRATION_NEEDS_KEY = ("voices.registration.keySecret is required when apiKeySecret is set: the key that may "
@@ -90,7 +112,7 @@ REGISTRATION_NEEDS_KEY = ("voices.registration.keySecret is required when apiKey
 
 
 class VoicesPVC(_Model):
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: ObjectName
     sub_path: str | None = Field(default=None, max_length=1024, pattern=SUB_PATH_RE)
 
     @model_validator(mode="after")
@@ -284,7 +306,7 @@ class Resources(_Model):
 
 
 class KeySelector(_Model):
-    name: str = Field(min_length=1, max_length=253)
+    name: ObjectName
     key: str = Field(min_length=1, max_length=253)
     optional: bool | None = None
 
@@ -294,6 +316,12 @@ class EnvVarSource(_Model):
     config_map_key_ref: KeySelector | None = None
     field_ref: dict[str, Any] | None = None
     resource_field_ref: dict[str, Any] | None = None
+
+
+FORBIDDEN_ENV_MESSAGE = ("spec.env may not set the interpreter's, the dynamic loader's or the GPU runtime's "
+                         f"variables ({', '.join(p + '*' for p in FORBIDDEN_ENV_PREFIXES)}, "
+                         f"{', '.join(FORBIDDEN_ENV)}): they would load other code into the server or expose "
+                         "GPUs the pod was not given")
 
 
 class EnvVar(_Model):
@@ -306,6 +334,8 @@ class EnvVar(_Model):
         if self.name in OPERATOR_ENV:
             raise ValueError(f"{self.name} is set by the operator and cannot be overridden "
                              f"(reserved: {', '.join(OPERATOR_ENV)})")
+        if self.name.startswith(FORBIDDEN_ENV_PREFIXES) or self.name in FORBIDDEN_ENV:
+            raise ValueError(FORBIDDEN_ENV_MESSAGE)
         return self
 
 
@@ -384,8 +414,8 @@ class CosyVoiceServiceSpec(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     affinity: dict[str, Any] | None = None
-    priority_class_name: str | None = None
-    service_account_name: str | None = None
+    priority_class_name: ObjectName | None = None
+    service_account_name: ObjectName | None = None
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     pod_labels: dict[str, str] = Field(default_factory=dict)
     service: ServiceSpec = Field(default_factory=ServiceSpec)

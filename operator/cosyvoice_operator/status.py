@@ -20,7 +20,8 @@ Obj = dict[str, Any]
 _PROBLEM_ORDER = ("Unschedulable", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ModelFetchFailed",
                   "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff",
                   "OOMKilled", "Evicted")
-INVALID_REASONS = frozenset({"InvalidSpec", "UnknownField", "ChildConflict", "PolicyViolation", "SecretNotAllowed"})
+INVALID_REASONS = frozenset({"InvalidSpec", "UnknownField", "ChildConflict", "PolicyViolation", "SecretNotAllowed",
+                             "ReferenceNotAllowed"})
 _BAD_WAITING = frozenset(_PROBLEM_ORDER) - {"Unschedulable", "ModelFetchFailed", "OOMKilled", "Evicted"}
 DEMO_MODEL_MESSAGE = ("no spec.storage: the pods serve the image's bundled demo model, whose random weights make "
                       "noise rather than speech (for smoke tests); set spec.storage.pvc or spec.storage.storageUri "

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 from chartkit import K8S_VERSION, SERVICE_CHART, Helm
+from cosyvoice_operator.constants import OPT_IN_LABEL, OPT_IN_VALUE
 from cvs_crdschema import admit
 from cvs_testkit import CRD_PATH, EXAMPLES, load_example
 
@@ -49,6 +50,7 @@ def test_the_voice_store_claim_is_shared_kept_and_wired_into_the_spec(helm: Helm
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["storageClassName"] == "nfs-client"
     assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert pvc["metadata"]["labels"][OPT_IN_LABEL] == OPT_IN_VALUE  # the service may mount what it was made for
     kubernetes_validate.validate(pvc, K8S_VERSION, strict=True)
     assert cr["spec"]["voices"] == {"pvc": {"claimName": "cv-voices"}, "registration": {"enabled": True}}
     assert admit(yaml.safe_load(CRD_PATH.read_text()), cr)[1] == []

@@ -7,6 +7,7 @@ stay in step.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -171,22 +172,47 @@ INVALID: list[tuple[str, dict[str, Any] | None, str, str]] = [
      "key", "key"),
     ("metrics-source-name", {**G, "autoscaling": {"metricsSource": "My Prometheus"}},
      "metricsSource", "metricsSource"),
+    # Variables that would load other code into the server, or expose every GPU of the node
+    *[(f"env-{name.lower()}", {**G, "env": [{"name": name, "value": "x"}]}, "variables (LD_*, PYTHON*",
+       "variables (LD_*, PYTHON*") for name in ("LD_PRELOAD", "PYTHONPATH", "NVIDIA_VISIBLE_DEVICES", "GCONV_PATH")],
+    # Object names go into API paths: a '/' or '..' would reach another namespace's objects
+    *[(f"name-{where}", {**G, **spec}, field, f"{field}: {bad!r} is not a Kubernetes object name")
+      for where, field, bad, spec in (
+        ("voices-claim", "claimName", "../../kube-system/secrets/admin", {"voices": {"pvc": {"claimName": "{}"}}}),
+        ("storage-claim", "claimName", "a/b", {"storage": {"pvc": {"claimName": "{}"}}}),
+        ("env-secret", "secretKeyRef.name", "../../b/secrets/s",
+         {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "{}", "key": "k"}}}]}),
+        ("env-configmap", "configMapKeyRef.name", "..",
+         {"env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "{}", "key": "k"}}}]}),
+        ("api-key", "apiKeySecret.name", "A", {"apiKeySecret": {"name": "{}", "key": "k"}}),
+        ("credentials", "credentialsSecret.name", "x/y",
+         {"storage": {"storageUri": "s3://b/m", "credentialsSecret": {"name": "{}"}}}),
+        ("pull-secret", "name", "x?y", {"imagePullSecrets": [{"name": "{}"}]}),
+        ("service-account", "serviceAccountName", "../default", {"serviceAccountName": "{}"}),
+        ("priority-class", "priorityClassName", "High", {"priorityClassName": "{}"}),
+    ) for spec in [json.loads(json.dumps(spec).replace("{}", bad))]],
+    ("storage-subpath-escapes", {**G, "storage": {"pvc": {"claimName": "m", "subPath": "a/../../b"}}},
+     "storage.pvc.subPath must stay inside the volume", "storage.pvc.subPath must stay inside the volume"),
 ]
 
 
 def test_the_crd_reserves_exactly_the_operators_env() -> None:
-    """The CEL rule repeats constants.OPERATOR_ENV, which must cover every variable the operator renders."""
+    """The CEL rules repeat constants.OPERATOR_ENV, which must cover every variable the operator renders, and
+    the forbidden loader/interpreter/GPU-runtime variables."""
     import re
     import yaml as _yaml
 
     from cosyvoice_operator import render
-    from cosyvoice_operator.constants import OPERATOR_ENV
-    from cosyvoice_operator.spec import parse_spec
+    from cosyvoice_operator.constants import FORBIDDEN_ENV, FORBIDDEN_ENV_PREFIXES, OPERATOR_ENV
+    from cosyvoice_operator.spec import FORBIDDEN_ENV_MESSAGE, parse_spec
 
     env = _yaml.safe_load(CRD_PATH.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"]["spec"]["properties"]["env"]
-    (rule,) = env["x-kubernetes-validations"]
-    assert tuple(re.findall(r"'([A-Z_]+)'", rule["rule"])) == OPERATOR_ENV
+    reserved, forbidden = env["x-kubernetes-validations"]
+    assert tuple(re.findall(r"'([A-Z_]+)'", reserved["rule"])) == OPERATOR_ENV
+    assert tuple(re.findall(r"startsWith\('([A-Z_]+)'\)", forbidden["rule"])) == FORBIDDEN_ENV_PREFIXES
+    assert tuple(re.findall(r"'([A-Z_]+)'(?!\))", forbidden["rule"])) == FORBIDDEN_ENV
+    assert forbidden["message"] == FORBIDDEN_ENV_MESSAGE
     busiest = parse_spec({"gpu": {"migProfile": "1g.10gb"}, "storage": {"pvc": {"claimName": "m"}},
                           "apiKeySecret": {"name": "k", "key": "k"}})
     assert {e["name"] for e in render.server_env(busiest)} <= set(OPERATOR_ENV)

@@ -18,7 +18,7 @@ import aiohttp.web
 import kmock
 import pytest
 from cosyvoice_operator import admin
-from cosyvoice_operator.constants import SECRET_OPT_IN_LABEL
+from cosyvoice_operator.constants import OPT_IN_LABEL
 from cosyvoice_operator.kube import Kube
 from cvs_testkit import CVS_PATH, Emulator, eventually, run_operator
 from test_op_kmock import DEPLOYMENTS, NS, condition, create, cvs, events, live, patch, requests, status_of
@@ -77,7 +77,7 @@ def watch_answer(kind: str) -> Callable[[], Any]:
 
 
 def secret(name: str, opted_in: bool, value: bytes = b"hunter2") -> Obj:
-    labels = {SECRET_OPT_IN_LABEL: "true"} if opted_in else {}
+    labels = {OPT_IN_LABEL: "true"} if opted_in else {}
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": name, "namespace": NS, "uid": f"s-{name}", "resourceVersion": "1", "labels": labels},
             "data": {"token": base64.b64encode(value).decode(), "api-key": base64.b64encode(value).decode()}}
@@ -276,10 +276,57 @@ async def test_a_secret_reaches_pods_only_when_its_owner_opted_in(cluster: Any, 
         assert live(cluster, DEPLOYMENTS) is None
 
         await patch(cluster, f"/api/v1/namespaces/{NS}/secrets/db-password",
-                    {"metadata": {"labels": {SECRET_OPT_IN_LABEL: "true"}}})
+                    {"metadata": {"labels": {OPT_IN_LABEL: "true"}}})
         await eventually(lambda: live(cluster, DEPLOYMENTS) is not None)  # the next resync rolls it out
     assert secret_reads(cluster) and all("as=PartialObjectMetadata" in r.headers.get("Accept", "")
                                          for r in secret_reads(cluster))
+
+
+OTHER_OBJECTS = {
+    # kind, the emulator's resource, what names it, what the pod gets from it
+    "model-claim": ("persistentvolumeclaim", "v1/persistentvolumeclaims", {"storage": {"pvc": {"claimName": "db-data"}}}),
+    "voice-claim": ("persistentvolumeclaim", "v1/persistentvolumeclaims", {"voices": {"pvc": {"claimName": "db-data"}}}),
+    "env-config-map": ("configmap", "v1/configmaps", {"env": [{"name": "DB_URL", "valueFrom": {"configMapKeyRef": {
+        "name": "db-data", "key": "url"}}}]}),
+    "service-account": ("serviceaccount", "v1/serviceaccounts", {"serviceAccountName": "db-data"}),
+}
+
+
+@pytest.mark.parametrize("path", OTHER_OBJECTS)
+async def test_claims_config_maps_and_service_accounts_need_their_owners_opt_in_too(cluster: Any, path: str) -> None:
+    """Another workload's volume, its settings or its cloud identity reach a CosyVoiceService's pods only
+    when their owner labelled them; the operator reads their metadata only."""
+    kind, resource, spec = OTHER_OBJECTS[path]
+    cluster.objects[resource, NS, "db-data"] = {"apiVersion": "v1", "kind": kind, "metadata": {
+        "name": "db-data", "namespace": NS, "uid": "o-1", "resourceVersion": "1", "labels": {}}}
+    async with run_operator(resync_seconds=0.5):
+        await create(cluster, cvs(**spec))
+        await eventually(lambda: condition(cluster, "Ready")["reason"] == "ReferenceNotAllowed")
+        assert f"kubectl label {kind} db-data -n {NS} {OPT_IN_LABEL}=true" in condition(cluster, "Ready")["message"]
+        assert live(cluster, DEPLOYMENTS) is None
+
+        await patch(cluster, f"/api/v1/namespaces/{NS}/{resource.split('/')[1]}/db-data",
+                    {"metadata": {"labels": {OPT_IN_LABEL: "true"}}})
+        await eventually(lambda: live(cluster, DEPLOYMENTS) is not None)
+    reads = requests(cluster, "GET", f"/api/v1/namespaces/{NS}/{resource.split('/')[1]}/db-data")
+    assert reads and all("as=PartialObjectMetadata" in r.headers.get("Accept", "") for r in reads)
+
+
+async def test_a_revoked_opt_in_stops_the_pods_that_use_it(cluster: Any) -> None:
+    """The running pods keep a Secret volume (the kubelet even keeps it up to date) after its owner removed
+    the label: the Deployment goes to 0 replicas, and comes back when the label does."""
+    cluster.objects["v1/secrets", NS, "tts-key"] = secret("tts-key", opted_in=True)
+    async with run_operator(resync_seconds=0.5):
+        await create(cluster, cvs(replicas=2, apiKeySecret={"name": "tts-key", "key": "api-key"}))
+        await eventually(lambda: (live(cluster, DEPLOYMENTS) or {}).get("spec", {}).get("replicas") == 2)
+
+        await patch(cluster, f"/api/v1/namespaces/{NS}/secrets/tts-key", {"metadata": {"labels": {OPT_IN_LABEL: None}}})
+        await eventually(lambda: live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 0)
+        assert condition(cluster, "Ready")["reason"] == "SecretNotAllowed"
+        await eventually(lambda: any(r == "ScaledToZero" for r, _ in events(cluster)))
+
+        await patch(cluster, f"/api/v1/namespaces/{NS}/secrets/tts-key", {"metadata": {"labels": {OPT_IN_LABEL: "true"}}})
+        await eventually(lambda: live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 2)
 
 
 async def test_env_cannot_switch_off_the_api_key(cluster: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import kmock
 import pytest
+from cosyvoice_operator.constants import OPT_IN_LABEL, OPT_IN_VALUE
 from cvs_testkit import CVS_PATH, CVS_RESOURCE, Emulator, eventually, run_operator
 
 pytestmark = [pytest.mark.kmock(cls=Emulator), pytest.mark.timeout(120),
@@ -302,6 +303,9 @@ async def test_a_gpu_serving_the_bundled_demo_model_is_told_so(cluster: Any) -> 
         assert warnings()[0]["type"] == "Warning"
         assert live(cluster, DEPLOYMENTS) is not None  # served, not refused
 
+        cluster.objects["v1/persistentvolumeclaims", NS, "cv2"] = {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "cv2", "namespace": NS, "labels": {OPT_IN_LABEL: OPT_IN_VALUE}}}
         await patch(cluster, CVS_PATH.format(ns=NS) + "/tts", {"spec": {"storage": {"pvc": {"claimName": "cv2"}}}})
         await eventually(lambda: condition(cluster, "DemoModel")["reason"] == "ModelFromStorage")
 

@@ -36,6 +36,11 @@ class FakeKube:
         found = self.objects.get((res.plural, namespace, name))
         return copy.deepcopy(found) if found else None
 
+    def get_metadata(self, res: kube.Resource, namespace: str | None, name: str) -> Obj | None:
+        self._check("get_metadata", res, name)
+        found = self.objects.get((res.plural, namespace, name))
+        return {"metadata": copy.deepcopy(found["metadata"])} if found else None
+
     def list(self, res: kube.Resource, namespace: str | None = None, labels: Any = None) -> list[Obj]:
         self._check("list", res)
         return [copy.deepcopy(o) for (plural, ns, _), o in self.objects.items()
@@ -177,3 +182,13 @@ def test_handlers_stop_on_invalid_specs_and_back_off_on_api_errors(fake: FakeKub
     with pytest.raises(kopf.TemporaryError) as raised:
         reconcile_service(body=service(), memo=memo, retry=3)  # type: ignore[arg-type]
     assert raised.value.delay == 40
+
+
+@pytest.mark.parametrize("name", ["../../kube-system/secrets/admin", "a/b", "..", ".", "a%2Fb", "a?b", "a#b"])
+def test_a_name_that_is_not_one_path_segment_never_reaches_the_api_server(name: str) -> None:
+    """Specs are validated first; this is the last line: a name that would address another namespace's
+    object with the operator's rights is refused before any request is made."""
+    for namespace, obj in ((name, "x"), ("default", name)):
+        with pytest.raises(ValueError, match="cannot name a Kubernetes object"):
+            kube.SECRETS.path(namespace, obj)
+    assert kube.SECRETS.path("default", "tts.key-1") == "/api/v1/namespaces/default/secrets/tts.key-1"

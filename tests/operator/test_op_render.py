@@ -222,14 +222,20 @@ def test_user_env_cannot_replace_the_operators(name: str) -> None:
         parse_spec({"apiKeySecret": {"name": "k", "key": "k"}, "env": [{"name": name, "value": "/dev/null"}]})
 
 
-def test_every_secret_the_pod_reads_is_listed() -> None:
+def test_every_object_the_pod_reads_is_listed() -> None:
     spec = {"apiKeySecret": {"name": "key", "key": "k"},
             "storage": {"storageUri": "s3://b/m.tar.gz", "credentialsSecret": {"name": "s3"}},
-            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}],
-            "imagePullSecrets": [{"name": "pull"}]}
-    found = r.secrets_used(pod(spec))
-    assert found == [("volume api-key", "key"), ("envFrom of container fetch-model", "s3"),
-                     ("env X of container server", "other")]
+            "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}},
+                    {"name": "Y", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "k"}}}],
+            "imagePullSecrets": [{"name": "pull"}], "serviceAccountName": "s3-reader"}
+    found = r.objects_used(pod(spec))
+    assert found == [("Secret", "volume api-key", "key"), ("Secret", "envFrom of container fetch-model", "s3"),
+                     ("Secret", "env X of container server", "other"),
+                     ("ConfigMap", "env Y of container server", "settings"),
+                     ("ServiceAccount", "serviceAccountName", "s3-reader")]
+    claims = r.objects_used(pod({"storage": {"pvc": {"claimName": "models"}}, "voices": {"pvc": {"claimName": "v"}},
+                                 "serviceAccountName": "default"}))
+    assert claims == [("PersistentVolumeClaim", "volume model", "models"), ("PersistentVolumeClaim", "volume voices", "v")]
 
 
 def test_api_key_secret_is_mounted_as_the_file_the_server_reads() -> None:

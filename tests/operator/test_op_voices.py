@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from cosyvoice_operator import render as r
-from cosyvoice_operator.constants import VOICE_STORE_MOUNT
+from cosyvoice_operator.constants import OPT_IN_LABEL, OPT_IN_VALUE, VOICE_STORE_MOUNT
 from cosyvoice_operator.spec import InvalidSpec, parse_spec
 from cvs_crdschema import admit
 from test_op_render import env, pod, server, validate
@@ -29,7 +29,7 @@ def test_registration_mounts_the_store_writable_with_its_key() -> None:
     key_mount = next(m for m in c["volumeMounts"] if m["name"] == "registration-key")
     assert e["COSYVOICE_VOICE_REGISTRATION_KEY_FILE"].startswith(key_mount["mountPath"] + "/")
     assert key_mount["mountPath"] != next(m for m in c["volumeMounts"] if m["name"] == "api-key")["mountPath"]
-    assert ("volume registration-key", "keys") in r.secrets_used(p)  # the opt-in check covers it
+    assert ("Secret", "volume registration-key", "keys") in r.objects_used(p)  # the opt-in check covers it
     for obj in r.render(r.Owner("tts", "default", uid="u"), parse_spec(spec)).objects:
         validate(obj)
 
@@ -84,7 +84,8 @@ def test_working_voice_specs_are_admitted(crd: Obj, spec: Obj) -> None:
 # --- the claim's access modes ---------------------------------------------------------------------
 
 def claim(*modes: str) -> Obj:
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "voices", "namespace": "default"},
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "voices", "namespace": "default", "labels": {OPT_IN_LABEL: OPT_IN_VALUE}},
             "spec": {"accessModes": list(modes)}}
 
 
@@ -93,19 +94,17 @@ def claim(*modes: str) -> Obj:
     ({"replicas": 2, "voices": {**STORE, "registration": {"enabled": True}}}, ("ReadOnlyMany",), "VoiceStoreNotShared"),
     ({"replicas": 1, "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQPSPerReplica": 2.0},
       "voices": STORE}, ("ReadWriteOncePod",), "VoiceStoreNotShared"),
-    ({"replicas": 3, "voices": STORE}, None, "VoiceStoreMissing"),
     ({"replicas": 2, "voices": {**STORE, "registration": {"enabled": True}}}, ("ReadWriteMany",), None),
     ({"replicas": 2, "voices": STORE}, ("ReadOnlyMany",), None),  # nobody registers: reading is enough
 ])
-def test_a_claim_the_replicas_cannot_share_is_warned_about_once(spec: Obj, modes: tuple[str, ...] | None,
+def test_a_claim_the_replicas_cannot_share_is_warned_about_once(spec: Obj, modes: tuple[str, ...],
                                                                  warning: str | None) -> None:
     from cosyvoice_operator.reconcile import Reconciler
     from test_op_reconcile import FakeKube, add, service
 
     fake, recorded = FakeKube(), []
     reconciler = Reconciler(fake, record=lambda obj, t, r, m: recorded.append((t, r, m)))  # type: ignore[arg-type]
-    if modes is not None:
-        fake.objects["persistentvolumeclaims", "default", "voices"] = claim(*modes)
+    fake.objects["persistentvolumeclaims", "default", "voices"] = claim(*modes)
     cr = add(fake, service(**spec))
     reconciler.reconcile(cr)
     reconciler.reconcile(cr)
@@ -122,5 +121,7 @@ def test_one_replica_needs_no_look_at_the_claim() -> None:
     from test_op_reconcile import FakeKube, add, service
 
     fake = FakeKube()
+    fake.objects["persistentvolumeclaims", "default", "voices"] = claim("ReadWriteOnce")
     Reconciler(fake).reconcile(add(fake, service(voices=STORE)))
-    assert not any(plural == "persistentvolumeclaims" for _, plural, _ in fake.calls)
+    # the opt-in label is read (metadata), the access modes are not
+    assert not any((verb, plural) == ("get", "persistentvolumeclaims") for verb, plural, _ in fake.calls)
