@@ -19,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -64,6 +64,19 @@ class Bounds(_Model):
     allowed_image_registries: tuple[str, ...] = ()
     # Resource names every server container must set a limit for (e.g. ``memory``).
     required_resource_limits: tuple[str, ...] = ()
+    # Scheduling and exposure a service may ask for; empty: what Kubernetes accepts, except what only the
+    # cluster's own components should have (RESERVED_*), which must be listed to be allowed.
+    allowed_priority_classes: tuple[str, ...] = ()
+    allowed_toleration_keys: tuple[str, ...] = ()  # "" allows the keyless toleration of every taint
+    allowed_service_types: tuple[Literal["ClusterIP", "NodePort", "LoadBalancer"], ...] = ()
+    # Key prefixes of podAnnotations, podLabels and service.annotations (e.g. ``prometheus.io/``, ``team``).
+    allowed_metadata_prefixes: tuple[str, ...] = ()
+
+
+# Priority classes that preempt everything (Kubernetes' own, for its critical components), and taints that
+# keep workloads off control-plane nodes: a service gets them only where the administrator lists them.
+RESERVED_PRIORITY_PREFIX = "system-"
+RESERVED_TOLERATION_PREFIX = "node-role.kubernetes.io/"
 
 
 class AdminPolicy(_Model):
@@ -138,9 +151,39 @@ def check_bounds(spec: CosyVoiceServiceSpec, limits: dict[str, Any], bounds: Bou
     missing = [r for r in bounds.required_resource_limits if r not in limits]
     if missing:
         problems.append(f"spec.resources.limits must set {', '.join(missing)}")
+    problems += scheduling_problems(spec, bounds)
     if problems:
         raise PolicyViolation("; ".join(problems) + f" (bounds set by the cluster administrator: operator "
                                                     f"chart value {HELM_BOUNDS})")
+
+
+def scheduling_problems(spec: CosyVoiceServiceSpec, bounds: Bounds) -> list[str]:
+    """Where the spec's priority class, tolerations, Service type and metadata keys leave the bounds."""
+    problems: list[str] = []
+    priority = spec.priority_class_name
+    if priority is not None and (priority not in bounds.allowed_priority_classes if bounds.allowed_priority_classes
+                                 else priority.startswith(RESERVED_PRIORITY_PREFIX)):
+        problems.append(f"spec.priorityClassName {priority!r} is not allowed "
+                        f"({', '.join(bounds.allowed_priority_classes) or f'any but {RESERVED_PRIORITY_PREFIX}*'})")
+    for toleration in spec.tolerations:
+        key = toleration.key or ""
+        reserved = not key or key.startswith(RESERVED_TOLERATION_PREFIX)
+        if key not in bounds.allowed_toleration_keys and (bounds.allowed_toleration_keys or reserved):
+            what = f"key {key!r}" if key else "no key (it tolerates every taint)"
+            allowed = ", ".join(map(repr, bounds.allowed_toleration_keys)) or \
+                f"any key but none and {RESERVED_TOLERATION_PREFIX}*"
+            problems.append(f"spec.tolerations: a toleration with {what} is not allowed ({allowed})")
+    if bounds.allowed_service_types and spec.service.type not in bounds.allowed_service_types:
+        problems.append(f"spec.service.type {spec.service.type} is not allowed "
+                        f"({', '.join(bounds.allowed_service_types)})")
+    if bounds.allowed_metadata_prefixes:
+        for field, keys in (("podAnnotations", spec.pod_annotations), ("podLabels", spec.pod_labels),
+                            ("service.annotations", spec.service.annotations)):
+            refused = [k for k in keys if not k.startswith(bounds.allowed_metadata_prefixes)]
+            if refused:
+                problems.append(f"spec.{field} {', '.join(refused)}: keys must start with one of "
+                                f"{', '.join(bounds.allowed_metadata_prefixes)}")
+    return problems
 
 
 # --- metrics sources ------------------------------------------------------------------------------------

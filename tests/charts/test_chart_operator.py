@@ -147,6 +147,14 @@ def test_schema_rejects_wrong_values(helm: Helm, values: Obj, message: str) -> N
     assert message in done.stderr, done.stderr
 
 
+def _config_without_bounds(helm: Helm, tmp_path: Any) -> Any:
+    """The operator's configuration file from the chart's defaults."""
+    (cm,) = [c for c in of_kind(helm.render(OPERATOR_CHART, {}), "ConfigMap") if "operator.yaml" in c["data"]]
+    path = tmp_path / "default.yaml"
+    path.write_text(cm["data"]["operator.yaml"])
+    return path
+
+
 def test_admin_settings_reach_the_operator_with_mounted_credentials(helm: Helm, tmp_path: Any) -> None:
     """metricsSources and bounds become the file `run --config` reads; a source's Secrets are mounted at
     the paths that file names (the operator never reads them through the API)."""
@@ -156,10 +164,13 @@ def test_admin_settings_reach_the_operator_with_mounted_credentials(helm: Helm, 
         "replicaCount": 2,
         "metricsSources": {"cluster": {"url": "https://prom.monitoring.svc:9090",
                                        "bearerTokenSecret": {"name": "prom-reader", "key": "token"},
-                                       "caSecret": {"name": "prom-ca", "key": "ca.crt"}, "namespaces": ["tts-*"]}},
+                                       "caSecret": {"name": "prom-ca", "key": "ca.crt"}, "namespaces": ["tts-*"],
+                                       "allowQueryOverrides": True}},
         "defaultMetricsSource": "cluster",
         "bounds": {"maxReplicas": 8, "allowedImageRegistries": ["ghcr.io/cosyvoice-k8s"],
-                   "requiredResourceLimits": ["memory"]}})
+                   "requiredResourceLimits": ["memory"], "allowedPriorityClasses": ["tts-high"],
+                   "allowedTolerationKeys": ["dedicated", ""], "allowedServiceTypes": ["ClusterIP"],
+                   "allowedMetadataPrefixes": ["prometheus.io/"]}})
     (dep,) = of_kind(docs, "Deployment")
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
@@ -173,8 +184,12 @@ def test_admin_settings_reach_the_operator_with_mounted_credentials(helm: Helm, 
     policy = admin.load(path)
     assert policy.default_metrics_source == "cluster" and policy.bounds.max_replicas == 8
     assert policy.bounds.allowed_image_registries == ("ghcr.io/cosyvoice-k8s",)
+    assert (policy.bounds.allowed_priority_classes, policy.bounds.allowed_toleration_keys,
+            policy.bounds.allowed_service_types, policy.bounds.allowed_metadata_prefixes) == \
+        (("tts-high",), ("dedicated", ""), ("ClusterIP",), ("prometheus.io/",))
     source = policy.metrics_sources["cluster"]
     assert source.url == "https://prom.monitoring.svc:9090" and source.serves("tts-a") and not source.serves("dev")
+    assert source.allow_query_overrides and not admin.load(_config_without_bounds(helm, tmp_path)).bounds.allowed_service_types
     creds = next(m for m in container["volumeMounts"] if m["name"] == "metrics-credentials")
     projected = next(v for v in pod["volumes"] if v["name"] == "metrics-credentials")["projected"]["sources"]
     files = {f"{creds['mountPath']}/{item['path']}": (s["secret"]["name"], item["key"])

@@ -71,6 +71,39 @@ def test_bounds_name_every_violation_at_once() -> None:
     admin.check_bounds(parse_spec({"replicas": 2}), {"memory": "8Gi", "cpu": "2"}, bounds)  # within: no error
 
 
+def test_what_only_the_clusters_own_components_should_have_is_refused_unless_listed() -> None:
+    """Without bounds: Kubernetes' system-* priority classes (they preempt everything) and tolerations of
+    every taint or of control-plane nodes are refused, anything else passes; listed, only the list passes."""
+    risky = parse_spec({"priorityClassName": "system-node-critical", "tolerations": [
+        {"operator": "Exists"}, {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]})
+    with pytest.raises(admin.PolicyViolation) as err:
+        admin.check_bounds(risky, {}, admin.Bounds())
+    message = str(err.value)
+    assert "spec.priorityClassName 'system-node-critical' is not allowed" in message
+    assert "a toleration with no key (it tolerates every taint) is not allowed" in message
+    assert "a toleration with key 'node-role.kubernetes.io/control-plane' is not allowed" in message
+    ordinary = {"priorityClassName": "batch-high", "tolerations": [{"key": "dedicated", "value": "tts"}],
+                "service": {"type": "LoadBalancer", "annotations": {"external-dns.alpha.kubernetes.io/hostname": "t"}},
+                "podLabels": {"app": "payments"}}
+    admin.check_bounds(parse_spec(ordinary), {}, admin.Bounds())
+    admin.check_bounds(risky, {}, admin.Bounds(allowed_priority_classes=("system-node-critical",),
+                                               allowed_toleration_keys=("", "node-role.kubernetes.io/control-plane")))
+
+    tight = admin.Bounds(allowed_priority_classes=("tts-high",), allowed_toleration_keys=("gpu",),
+                         allowed_service_types=("ClusterIP",), allowed_metadata_prefixes=("prometheus.io/", "team"))
+    with pytest.raises(admin.PolicyViolation) as err:
+        admin.check_bounds(parse_spec(ordinary), {}, tight)
+    message = str(err.value)
+    assert "spec.priorityClassName 'batch-high' is not allowed (tts-high)" in message
+    assert "a toleration with key 'dedicated' is not allowed ('gpu')" in message
+    assert "spec.service.type LoadBalancer is not allowed (ClusterIP)" in message
+    assert "spec.service.annotations external-dns.alpha.kubernetes.io/hostname: keys must start with" in message
+    assert "spec.podLabels app: keys must start with one of prometheus.io/, team" in message
+    admin.check_bounds(parse_spec({"priorityClassName": "tts-high", "tolerations": [{"key": "gpu"}],
+                                   "podLabels": {"team": "speech"}, "podAnnotations": {"prometheus.io/x": "1"}}),
+                       {}, tight)
+
+
 def test_load_reports_a_bad_file_in_one_line(tmp_path: Path) -> None:
     assert admin.load(None) == admin.AdminPolicy()
     bad = tmp_path / "config.yaml"

@@ -72,6 +72,9 @@ the paths of their mounted credentials, and the bounds. Parsed by cosyvoice_oper
 {{- $_ := set $sources $name $out -}}
 {{- end -}}
 {{- $bounds := dict "allowedImageRegistries" .Values.bounds.allowedImageRegistries "requiredResourceLimits" .Values.bounds.requiredResourceLimits -}}
+{{- range $key := list "allowedPriorityClasses" "allowedTolerationKeys" "allowedServiceTypes" "allowedMetadataPrefixes" -}}
+{{- with index $.Values.bounds $key -}}{{- $_ := set $bounds $key . -}}{{- end -}}
+{{- end -}}
 {{- if .Values.bounds.maxReplicas -}}{{- $_ := set $bounds "maxReplicas" .Values.bounds.maxReplicas -}}{{- end -}}
 {{- $config := dict "metricsSources" $sources "bounds" $bounds -}}
 {{- if .Values.defaultMetricsSource -}}
