@@ -97,6 +97,9 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         return JSONResponse({"status": "ready", "model": state.model_id, "device": state.pipeline.runtime.device,
                              "precision": state.pipeline.precision, "inflight": state.scheduler.inflight})
 
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):  # uptime checkers often probe with HEAD
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/metrics", tags=["probes"])
     async def metrics_endpoint() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

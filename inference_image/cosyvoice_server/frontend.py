@@ -8,9 +8,10 @@ punctuation and packs sentences into segments of about 60-80 tokens (characters 
 a short tail (< 20) into the previous segment; segments of punctuation only are dropped. With it off,
 the text is one segment, untouched (upstream's `text_frontend=False`).
 
-Before either, control characters are removed and whitespace collapsed, and a segment longer than
-`hard_max_tokens` (a sentence without punctuation) is cut there: upstream would pass it whole and run
-past its flow noise buffer.
+Before either, control characters are removed, format characters (zero-width spaces and joiners,
+soft hyphens, bidi marks: Unicode's Cf, which the tokenizer would turn into sounds) dropped and
+whitespace collapsed, and a segment longer than `hard_max_tokens` (a sentence without punctuation)
+is cut there: upstream would pass it whole and run past its flow noise buffer.
 """
 
 from __future__ import annotations
@@ -33,9 +34,22 @@ _EN_STOPS = ".?!;:"
 END_OF_PROMPT = "<|endofprompt|>"  # ends an instruction in the LLM prompt (upstream's special token)
 
 
+def clean(text: str) -> str:
+    """Control characters to spaces, format characters (Cf) out; character by character, so any split of a
+    text cleans to the pieces of the whole text's cleaning."""
+    if not text.isascii():
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
+    return _CONTROL.sub(" ", text)
+
+
 def normalize(text: str) -> str:
-    """Control characters out, whitespace runs to one space (no NFKC: upstream keeps full-width punctuation)."""
-    return _SPACE.sub(" ", _CONTROL.sub(" ", text)).strip()
+    """Cleaned, whitespace runs to one space (no NFKC: upstream keeps full-width punctuation)."""
+    return _SPACE.sub(" ", clean(text)).strip()
+
+
+def speakable(text: str) -> bool:
+    """Has a letter or a digit: punctuation, symbols (emoji), spaces and marks alone say nothing."""
+    return any(unicodedata.category(c)[0] in "LN" for c in text)
 
 
 def contains_chinese(text: str) -> bool:

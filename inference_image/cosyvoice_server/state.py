@@ -12,6 +12,7 @@ import numpy as np
 
 from .api.schemas import SpeechRequest
 from .config import Settings
+from .engine.bistream import text_room
 from .engine.pipeline import Pipeline, Voice
 from .frontend import TextFrontend
 from .model.manifest import voice_aliases
@@ -179,6 +180,9 @@ class ServerState:
             raise ValueError(f"unknown voice {voice!r}")
         if instructions and instructions.strip():
             v = instruct(v, instructions, p.frontend)  # as upstream's inference_instruct2 with a text generator
+        # a segment is cut where the whole-text path cuts one, or sooner if its speech would not fit the flow
+        room = p.flow.token_room(len(v.prompt_speech_tokens))
+        cap = max(1, min(p.frontend.hard_max, text_room(room, len(v.prompt_text_tokens))))
         return SynthesisRequest(
             segments=[],
             voice=v,
@@ -190,7 +194,7 @@ class ServerState:
                                  len(v.prompt_speech_tokens), True),
             max_tokens=max(1, int(self.settings.max_audio_seconds * m.token_rate)),  # per segment
             feed=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s,
-                          m.frontend.max_text_tokens_per_segment),
+                          m.frontend.max_text_tokens_per_segment, cap),
         )
 
     def token_bounds(self, segments: list, speed: float) -> tuple[int, int]:

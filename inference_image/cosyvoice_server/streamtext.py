@@ -7,11 +7,11 @@ the text held back (a word being typed may still grow), and never inside, or at 
 of the tokenizer's added tokens. A byte-level BPE tokenizes each pre-tokenizer piece on its own, so the
 committed tokens, concatenated, are the tokens of the whole text. `flush` commits the rest.
 
-Cleaning is split-independent too: control characters become spaces, whitespace runs one space, the
-segment's leading and trailing whitespace dropped, and the tokenizer's own normalizer (NFC for Qwen2)
-applied to the held-back text as a whole. Like upstream's streamed input (which skips `text_normalize`),
-there is no wetext normalization or sentence split: those need whole sentences, which would delay the
-first audio until a sentence ends.
+Cleaning is split-independent too: control characters become spaces, format characters (Cf) go,
+whitespace runs one space, the segment's leading and trailing whitespace dropped, and the tokenizer's
+own normalizer (NFC for Qwen2) applied to the held-back text as a whole. Like upstream's streamed input
+(which skips `text_normalize`), there is no wetext normalization or sentence split: those need whole
+sentences, which would delay the first audio until a sentence ends.
 
 A run of letters without spaces or punctuation (Chinese, Japanese) is one pre-tokenizer piece, so it is
 committed when punctuation or a space follows it, or at a flush.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from .frontend import _CONTROL, _EN_STOPS, _SPACE, _ZH_STOPS  # the whole-text path's cleaning and sentence ends
+from .frontend import _EN_STOPS, _SPACE, _ZH_STOPS, clean  # the whole-text path's cleaning and sentence ends
 
 
 class StreamTokenizer:
@@ -66,7 +66,7 @@ class StreamTokenizer:
 
     def push(self, delta: str) -> list[int]:
         """Adds a text delta; returns the text tokens it commits (often none while a word is typed)."""
-        text = _SPACE.sub(" ", self._held + _CONTROL.sub(" ", delta))
+        text = _SPACE.sub(" ", self._held + clean(delta))
         if self._fresh:
             text = text.lstrip()
         text = self._normalize(text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -177,3 +178,48 @@ async def test_sessions_count_for_admission_and_unknown_voices_are_refused(tiny,
         state.new_bistream_request("no-such-voice")
     with pytest.raises(ValueError, match="instructions"):  # the tiny model's tokenizer has no <|endofprompt|>
         state.new_bistream_request(None, instructions="Whisper.")
+
+
+async def test_long_text_without_sentence_ends_fits_the_flow_noise_buffer(tiny, serve, monkeypatch):
+    monkeypatch.setattr(tiny.flow, "noise", tiny.flow.noise[:, :400])  # room for 200 speech tokens per segment
+    state = serve(tiny)
+    run_on = "word " * 60  # 300 text tokens and no sentence end: a segment allowed 20 speech tokens each
+    whole, session = await asyncio.gather(whole_text(state, run_on, 5), speak(state, [run_on], seed=5))
+    assert 0 < len(whole[0]) <= 200  # the whole-text path's one segment is bounded by the buffer too
+    assert session.done.outcome == Outcome.OK
+    assert len(session.segments) > 1 and all(seg.auto for seg in session.segments[:-1])
+    assert all(0 < seg.speech_tokens <= 200 for seg in session.segments)
+    assert sum(seg.text_tokens for seg in session.segments) == len(tiny.frontend.encode(run_on.strip()))
+    await wait_for(lambda: state.scheduler.inflight == 0)  # a finished session's slot is freed just after its Done
+
+
+async def test_a_voice_whose_prompt_fills_the_flow_fails_alone_and_its_batch_mates_go_on(tiny, serve, monkeypatch):
+    monkeypatch.setattr(tiny.flow, "noise", tiny.flow.noise[:, :400])
+    state = serve(tiny, max_queue_delay_ms=3000)  # a flow batch waits for every request still in the LLM
+    warm = tiny.voices["warm"]
+    reps = 210 // len(warm.prompt_speech_tokens) + 1  # a prompt longer than the buffer's 200 tokens
+    huge = replace(warm, name="huge", prompt_speech_tokens=np.tile(warm.prompt_speech_tokens, reps),
+                   prompt_mel=np.tile(warm.prompt_mel, (reps, 1)))
+    doomed = state.new_request(SpeechRequest(model="tts-1", input="Hi there.", seed=1, stream=True), huge)
+    state.scheduler.submit(doomed)
+    mate = asyncio.create_task(whole_text(state, "Hi.", 2))
+    while not isinstance(item := await asyncio.wait_for(doomed.out.get(), 60), Done):
+        pass
+    assert item.outcome == Outcome.FAILED
+    assert "noise buffer is 400 mel frames" in item.message and f"{len(huge.prompt_speech_tokens)} prompt" in item.message
+    tokens, audio = await mate  # asserts its own outcome is OK
+    assert tokens and len(audio)
+    session = await speak(state, ["Some words."], voice=huge, seed=1)
+    assert session.done.outcome == Outcome.FAILED and "noise buffer" in session.done.message
+    assert state.scheduler.inflight == 0
+
+
+async def test_text_with_nothing_to_say_makes_no_segment(tiny, serve):
+    state = serve(tiny)
+    s = await speak(state, ["\U0001f642\U0001f44d\U0001f3fd !!! ", None, "\u200b\u200c\u200d\ufeff", None, "Real",
+                            "\u200b words.", None, "\u2026?!"], seed=6)
+    assert s.done.outcome == Outcome.OK
+    assert [seg.text_tokens for seg in s.segments] == [len(state.pipeline.frontend.encode("Real words."))]
+    assert s.req.feed.info(0).chars == len("Real words.")
+    nothing = await speak(state, ["\U0001f642\U0001f642 ... ", None, "\u200b\u200d", "\u2014"], seed=6)
+    assert nothing.done.outcome == Outcome.OK and not nothing.segments and not nothing.chunks  # as an empty session

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from cosyvoice_server.engine.bistream import SOS, SPEECH, TASK, TEXT, Interleave, Phase
+import pytest
+
+from cosyvoice_server.engine.bistream import SOS, SPEECH, TASK, TEXT, Interleave, Phase, text_room
+from cosyvoice_server.engine.flow import segment_token_room
 
 SPEECH_SIZE = 100
 FILL = SPEECH_SIZE + 2
@@ -114,3 +117,24 @@ def test_a_long_prompt_text_is_taken_up_one_group_per_arriving_token_as_upstream
     assert b.next_block(False) == texts(90, 91, 1, 2, 3)  # the second, after the model's next fill
     run_to_fill(b)
     assert b.next_block(False) is None and not b.text_cache
+
+
+def test_a_segments_speech_room_is_what_the_flow_noise_leaves_after_the_voices_prompt():
+    assert segment_token_room(4000, 2, 0) == 2000  # the tiny model's buffer, a voice without prompt speech
+    assert segment_token_room(4000, 2, 12) == 1988
+    assert segment_token_room(15000, 2, 250) == 7250  # upstream's 300 s buffer, a 10 s prompt
+    assert segment_token_room(20, 2, 12) == -2  # a prompt longer than the buffer leaves no room
+
+
+@pytest.mark.parametrize(("room", "prompt_text", "prompt_speech"), [
+    (300, 0, 0), (300, 6, 12), (1988, 6, 12), (120, 30, 40), (7250, 40, 250)])
+def test_text_within_its_room_is_decoded_to_fewer_speech_tokens_than_the_room(room, prompt_text, prompt_speech):
+    """A model that never asks for text itself decodes the most speech per text token (a fill only when forced)."""
+    n = text_room(room, prompt_text)
+    assert n > 0
+    b = Interleave(list(range(1000, 1000 + prompt_text)), list(range(prompt_speech)), FILL)
+    b.add_text(list(range(2000, 2000 + n)))
+    speech = []
+    while (block := b.next_block(True)) is not None and b.phase == Phase.INTERLEAVED:
+        speech += run_to_fill(b)
+    assert b.phase == Phase.FINAL and len(speech) < room

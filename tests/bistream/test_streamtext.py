@@ -126,3 +126,27 @@ def test_text_without_flushes_is_cut_at_sentence_ends_whatever_the_split(tokeniz
     assert not any(t.rstrip().endswith("3.") for t, _ in want)
     for parts in splits(text, np.random.default_rng(7), 15):
         assert segments(parts) == want
+
+
+def test_text_without_a_sentence_end_is_cut_at_the_segment_cap_whatever_the_split(tokenizer):
+    from cosyvoice_server.scheduling.request import TextFeed
+
+    text = "word " * 300  # no punctuation: no sentence end to cut at
+
+    def segments(parts):
+        f = TextFeed(StreamTokenizer(tokenizer), 60.0, segment_tokens=8, max_tokens=40)
+        for p in parts:
+            f.push(p)
+        f.end()
+        out, i = [], 0
+        while (seg := f.segment(i)) is not None:
+            out.append((seg[0], f.info(i).auto))
+            i += 1
+        return out
+
+    want = segments([text])
+    assert len(want) > 1 and all(len(t) == 40 and auto for t, auto in want[:-1]) and not want[-1][1]
+    assert 0 < len(want[-1][0]) <= 40
+    assert sum((t for t, _ in want), []) == tokenizer.encode(normalize(text), add_special_tokens=False).ids
+    for parts in splits(text, np.random.default_rng(3), 5):
+        assert segments(parts) == want

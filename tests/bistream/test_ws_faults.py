@@ -33,6 +33,7 @@ BIG = 65536 + 1  # over the default max_body_bytes
     ([b"\x00\x01binary"], "binary_not_supported", 1003),
     ([{"type": "session.update", "session": {"voice": "warm"}}], "session_already_started", 1008),
     ([{"type": "input_text.append", "text": 42}], "invalid_value", 1008),
+    ([r'{"type": "input_text.append", "text": "hello \ud800 world"}'], "invalid_value", 1008),
 ])
 async def test_each_bad_input_gets_its_error_event_and_close_code(server, frames, code, close) -> None:
     ws = await open_raw(server.url)
@@ -276,3 +277,40 @@ async def test_text_that_outgrows_the_session_kv_bound_ends_it_with_advice_to_fl
     async with await connect(srv.url) as s:
         result = await speak(s, [SENTENCE + " "] * 12)
     assert len(result.segments) >= 2 and any(x.usage.get("input_characters") for x in result.segments)
+
+
+async def test_a_session_without_sentence_ends_completes_and_concurrent_http_requests_succeed(start_server, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from cosyvoice_server.config import BUNDLED_MODEL
+
+    model = Path(shutil.copytree(BUNDLED_MODEL, tmp_path / "model"))
+    noise = np.load(model / "flow_noise.npy")
+    np.save(model / "flow_noise.npy", noise[:, :600])  # a segment's flow run takes at most 300 speech tokens
+    # a long flow batch wait: every chunk shares its flow batch with whatever else is in flight
+    srv = start_server("--model-dir", str(model), "--max-queue-delay-ms", "200")
+    statuses = []
+
+    async def http_until(done: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            while not done.is_set():
+                r = await client.post(srv.url + "/v1/audio/speech", json={
+                    "model": "tts-1", "input": "A short sentence beside the session.", "response_format": "pcm",
+                    "stream": False})
+                statuses.append((r.status_code, r.text if r.status_code != 200 else ""))
+
+    done = asyncio.Event()
+    http = asyncio.create_task(http_until(done))
+    try:
+        async with await connect(srv.url) as s:
+            result = await speak(s, ["word " * 60])  # 300 text tokens, no sentence end, one append
+    finally:
+        done.set()
+        await http
+    assert len(result.segments) > 1  # cut by the server: the client never flushed
+    assert result.usage["audio_seconds"] > 0
+    assert statuses and all(code == 200 for code, _ in statuses), statuses
+    assert "noise buffer" not in srv.log()
+    assert_server_healthy(srv.url)

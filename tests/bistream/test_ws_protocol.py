@@ -56,6 +56,14 @@ def test_session_defaults_are_pcm_at_the_model_rate_as_binary_frames() -> None:
      p.POLICY_VIOLATION),
     ({"type": "session.update", "session": {"voice": {"name": "x"}}}, "invalid_value", "session.voice",
      p.POLICY_VIOLATION),
+    ({"type": "session.update", "session": {"voice": {"id": "x" * 300}}}, "invalid_value", "session.voice.id",
+     p.POLICY_VIOLATION),
+    # JSON escapes of lone surrogates: no text a tokenizer takes
+    (r'{"type": "input_text.append", "text": "hello \ud800 world"}', "invalid_value", "text", p.POLICY_VIOLATION),
+    (r'{"type": "session.update", "session": {"voice": "\udc00"}}', "invalid_value", "session.voice",
+     p.POLICY_VIOLATION),
+    (r'{"type": "session.update", "session": {"voice": {"id": "a\ud800"}}}', "invalid_value", "session.voice",
+     p.POLICY_VIOLATION),
 ])
 def test_bad_events_name_their_code_field_and_close_code(raw, code, param, close) -> None:
     with pytest.raises(p.ProtocolError) as err:
@@ -93,7 +101,8 @@ def test_order_session_first_once_and_nothing_after_end() -> None:
 
 
 @pytest.mark.parametrize(("fmt", "rate", "ok"), [("pcm", 16000, True), ("wav", 8000, True), ("opus", 48000, True),
-                                                 ("opus", 22050, False), ("pcm", 12345, False), ("mp3", 44100, True)])
+                                                 ("opus", 22050, False), ("pcm", 12345, False), ("mp3", 44100, True),
+                                                 ("pcm", 0, False)])
 def test_output_rate_must_be_one_the_format_carries(fmt, rate, ok) -> None:
     o = p.SessionOptions(response_format=fmt, sample_rate=rate)
     if ok:

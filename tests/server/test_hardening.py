@@ -95,7 +95,7 @@ def test_documents_follow_the_api_key_or_are_off(start_server):
 def test_trailing_slash_does_not_redirect_to_the_clients_host(server):
     r = httpx.get(server.url + "/v1/models/", headers={"Host": "attacker.example"}, follow_redirects=False)
     assert "attacker.example" not in r.headers.get("location", "")
-    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"  # a model id of ''
 
 
 @pytest.mark.parametrize("payload", [

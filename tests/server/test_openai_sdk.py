@@ -75,6 +75,17 @@ def test_sdk_gets_typed_errors(client):
     assert missing.value.code == "model_not_found"
 
 
+def test_sdk_retrieves_the_served_model_by_its_id_or_an_openai_name(client):
+    listed = client.models.list().data[0]
+    for name in (listed.id, "tts-1", "gpt-4o-mini-tts"):
+        model = client.models.retrieve(name)
+        assert model.model_dump() == listed.model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("whisper-1")
+    assert missing.value.code == "model_not_found" and missing.value.param == "model"
+    assert "whisper-1" in missing.value.message
+
+
 def test_readme_sdk_example_runs_as_written(server, tmp_path, monkeypatch):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     code = re.search(r"```python\n(from openai import OpenAI\n.*?)```", readme, re.S).group(1)

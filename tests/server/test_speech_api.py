@@ -233,10 +233,13 @@ BAD_REQUESTS = [
     ({"model": "tts-1", "input": ""}, 400, "input", "invalid_value"),
     ({"model": "tts-1", "input": "   \n\t "}, 400, "input", "invalid_value"),
     ({"model": "tts-1", "input": "\u0007\u0008"}, 400, "input", "invalid_value"),
+    ({"model": "tts-1", "input": "\u200b\u200c\u200d\ufeff"}, 400, "input", "invalid_value"),  # zero-width only
+    ({"model": "tts-1", "input": "\U0001f642\u200d\U0001f44d!"}, 400, "input", "invalid_value"),  # emoji only
     ({"model": "tts-1", "input": "x" * 4097}, 400, "input", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "voice": "nobody"}, 400, "voice", "invalid_voice"),
     ({"model": "tts-1", "input": "hi", "voice": {"id": "nobody"}}, 400, "voice.id", "invalid_voice"),
     ({"model": "tts-1", "input": "hi", "voice": {"name": "alloy"}}, 400, "voice", "invalid_value"),
+    ({"model": "tts-1", "input": "hi", "voice": {"id": "x" * 300}}, 400, "voice.id", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "voice": 7}, 400, "voice", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "response_format": "ogg"}, 400, "response_format", "invalid_value"),
     ({"model": "tts-1", "input": "hi", "stream": False, "stream_format": "sse"}, 400, "stream_format", "invalid_value"),
@@ -260,6 +263,24 @@ def test_bad_input_gets_a_4xx_in_openai_error_shape(server, body, status, param,
     assert httpx.get(server.url + "/readyz").status_code == 200
 
 
+@pytest.mark.parametrize("content, param", [
+    (rb'{"model": "tts-1", "voice": "\ud800", "input": "hi"}', "voice"),
+    (rb'{"model": "tts-1", "voice": {"id": "\udc00x"}, "input": "hi"}', "voice"),
+])
+def test_lone_surrogate_escapes_are_a_400_naming_the_field(server, content, param):
+    r = httpx.post(server.url + "/v1/audio/speech", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == (param, "invalid_value", "invalid_request_error")
+
+
+def test_an_error_message_quoting_any_text_still_renders():
+    from cosyvoice_server.api.errors import APIError
+
+    r = APIError(400, "Unknown voice '\ud800'.", param="voice", code="invalid_voice").response()
+    assert json.loads(r.body)["error"]["message"] == "Unknown voice '\ud800'."
+
+
 @pytest.mark.parametrize("content, ctype, code", [
     (b"{not json", "application/json", "invalid_json"),
     (b"[1, 2]", "application/json", "invalid_json"),
@@ -270,6 +291,13 @@ def test_malformed_or_oversized_bodies(server, content, ctype, code):
     r = httpx.post(server.url + "/v1/audio/speech", content=content, headers={"content-type": ctype}, timeout=30)
     assert 400 <= r.status_code < 500
     assert r.json()["error"]["code"] == code
+
+
+def test_uptime_probes_may_use_head(server):
+    for path in ("/healthz", "/readyz", "/v1/models"):
+        r = httpx.head(server.url + path)
+        assert r.status_code == 200 and r.content == b"", path
+        assert r.headers["content-type"] == "application/json"
 
 
 def test_unknown_route_and_method_use_the_error_shape(server):

@@ -66,3 +66,9 @@ def test_quiet_but_real_speech_passes_the_silence_check():
     audio = speech_like(3.0, 16000) * 0.05  # about -44 dBFS at its loudest
     assert clip.decode(encode(audio, 16000), "a.wav").format == "wav"
     assert clip.loudest_dbfs(np.zeros(100, np.float32), 16000) == float("-inf")
+
+
+@pytest.mark.parametrize("seconds, says", [(0.9994, "0.999 s long"), (30.04, "30.04 s long")])
+def test_a_refused_length_never_reads_as_the_limit(seconds, says):
+    err = _refused(wav(seconds), "a.wav")
+    assert says in err.message

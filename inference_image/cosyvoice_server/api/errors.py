@@ -6,7 +6,9 @@ A user's mistake is a 4xx with a message that says what to change; the server's 
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,13 +31,29 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return _ErrorResponse(body, status_code=self.status, headers=self.headers)
+
+
+class _ErrorResponse(JSONResponse):
+    def render(self, content: object) -> bytes:
+        # ASCII with escapes: a message that quotes the request (a lone surrogate, say) still encodes
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
+# pydantic names the member of a union that failed in `loc` (str, VoiceRef, literal[...], function-after[...]);
+# a request's own names are snake_case fields and list indices
+_UNION_MEMBER = re.compile(r"(?:str|int|float|bool|bytes|none|[A-Z]\w*|[\w-]+\[.*\]|constrained-\w+)")
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None, str]:
-    """First pydantic error as (message, param, code)."""
-    e = errors[0]
-    loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
+    """The first field's pydantic error as (message, param, code); of a union's errors, the one from the
+    member that got furthest (a voice object's bad id, not "voice should be a string")."""
+    def path(err: dict) -> list[str]:
+        return [str(x) for x in err.get("loc", ()) if x != "body" and not _UNION_MEMBER.fullmatch(str(x))]
+
+    field = path(errors[0])[:1]
+    e = max((x for x in errors if path(x)[:1] == field), key=lambda x: len(x.get("loc", ())))
+    loc = path(e)
     param = ".".join(loc) or None
     if e.get("type") == "json_invalid":
         return "The request body is not valid JSON.", None, "invalid_json"

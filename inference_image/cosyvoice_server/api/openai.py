@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes: POST /v1/audio/speech, GET /v1/models (voices: api/voices.py)."""
+"""The OpenAI-compatible routes: POST /v1/audio/speech, GET /v1/models[/{model}] (voices: api/voices.py)."""
 
 from __future__ import annotations
 
@@ -80,10 +80,27 @@ def ready_or_503(state: ServerState) -> None:
                        headers={"Retry-After": "5"})
 
 
+def _model_card(s: ServerState) -> ModelCard:
+    return ModelCard(id=s.model_id, created=s.created)
+
+
 @router.get("/models", responses={200: {"model": ModelList}})
 async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse(ModelList(data=[_model_card(state_of(request))]).model_dump())
+
+
+@router.get("/models/{model:path}", responses={200: {"model": ModelCard}, **error_responses(404)})
+async def get_model(request: Request, model: str) -> JSONResponse:
+    """The served model; OpenAI's TTS model names stand for it, as in POST /v1/audio/speech."""
     s = state_of(request)
-    return JSONResponse(ModelList(data=[ModelCard(id=s.model_id, created=s.created)]).model_dump())
+    if model not in (s.model_id, *OPENAI_MODEL_ALIASES):
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{s.model_id}'.", param="model",
+                       code="model_not_found")
+    return JSONResponse(_model_card(s).model_dump())
+
+
+# uptime probes often check with HEAD; GET's handler answers it (the server sends no body)
+router.add_api_route("/models", list_models, methods=["HEAD"], include_in_schema=False)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

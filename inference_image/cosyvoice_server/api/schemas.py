@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Literal
 
@@ -14,6 +15,31 @@ MAX_INPUT_CHARS = 4096
 # or the server's --voice-aliases.
 OPENAI_VOICES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage",
                  "shimmer", "verse")
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why `text` is no Unicode text, or None. JSON's \\ud800 escapes decode to lone surrogates, which no
+    tokenizer or encoder takes (pydantic's plain str fields refuse them; members of a union do not)."""
+    if _SURROGATE.search(text):
+        return "it holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not a Unicode character"
+    return None
+
+
+def check_voice_shape(v: object) -> object:
+    """The `voice` field's one clear message, instead of one error per member of its union."""
+    if isinstance(v, dict):
+        if not isinstance(v.get("id"), str) or not v["id"]:
+            raise ValueError('a voice object needs a non-empty string "id", e.g. {"id": "alloy"}')
+        name = v["id"]
+    elif v is None or isinstance(v, str):
+        name = v
+    else:
+        raise ValueError('voice must be a voice name or an object {"id": ...}')
+    if name is not None and (problem := unicode_problem(name)):
+        raise ValueError(f"a voice name must be Unicode text; {problem}")
+    return v
 
 
 class VoiceRef(BaseModel):
@@ -47,15 +73,9 @@ class SpeechRequest(BaseModel):
     @field_validator("voice", mode="before")
     @classmethod
     def _voice_shape(cls, v: object) -> object:
-        # one clear message instead of one error per member of the union
-        if isinstance(v, dict):
-            if not isinstance(v.get("id"), str) or not v["id"]:
-                raise ValueError('a voice object needs a non-empty string "id", e.g. {"id": "alloy"}')
-        elif v is not None and not isinstance(v, str):
-            raise ValueError('voice must be a voice name or an object {"id": ...}')
-        elif isinstance(v, str) and len(v) > 256:
+        if isinstance(v, str) and len(v) > 256:
             raise ValueError("a voice name has at most 256 characters")
-        return v
+        return check_voice_shape(v)
 
     @field_validator("input")
     @classmethod

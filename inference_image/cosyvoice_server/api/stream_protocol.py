@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import validation_message
-from .schemas import VoiceRef
+from .schemas import VoiceRef, check_voice_shape, unicode_problem
 
 # Close codes (RFC 6455 section 7.4.1, IANA registry)
 NORMAL = 1000
@@ -63,11 +63,7 @@ class SessionOptions(BaseModel):
     @field_validator("voice", mode="before")
     @classmethod
     def _voice_shape(cls, v: object) -> object:
-        if isinstance(v, dict) and (not isinstance(v.get("id"), str) or not v["id"]):
-            raise ValueError('a voice object needs a non-empty string "id", e.g. {"id": "alloy"}')
-        if v is not None and not isinstance(v, (str, dict)):
-            raise ValueError('voice must be a voice name or an object {"id": ...}')
-        return v
+        return check_voice_shape(v)
 
     @property
     def voice_id(self) -> str | None:
@@ -75,7 +71,7 @@ class SessionOptions(BaseModel):
 
     def check_rate(self, model_rate: int) -> int:
         """The output rate, or ProtocolError when the format cannot carry the one asked for."""
-        rate = self.sample_rate or model_rate
+        rate = model_rate if self.sample_rate is None else self.sample_rate  # 0 is a mistake, not the default
         allowed = FORMAT_RATES[self.response_format]
         if rate not in allowed:
             raise ProtocolError("invalid_value", f"sample_rate {rate} is not available for {self.response_format}; "
@@ -173,6 +169,9 @@ def parse_event(text: str, max_bytes: int) -> ClientEvent:
         text_ = data.get("text")
         if not isinstance(text_, str):
             raise ProtocolError("invalid_value", "input_text.append needs a string \"text\".", param="text",
+                                event_id=event_id)
+        if problem := unicode_problem(text_):
+            raise ProtocolError("invalid_value", f"The text must be Unicode text; {problem}.", param="text",
                                 event_id=event_id)
         return Append(text_, event_id)
     return CLIENT_EVENTS[kind](event_id=event_id)

@@ -25,6 +25,14 @@ from enum import Enum
 
 SOS, TASK, TEXT, SPEECH = "sos", "task", "text", "speech"
 Item = tuple[str, int]  # (kind, id); id is 0 for sos and task
+TEXT_GROUP, SPEECH_GROUP = 5, 15
+
+
+def text_room(speech_room: int, prompt_text: int) -> int:
+    """The most text tokens one segment may take so that the speech tokens it is decoded with before its
+    final phase stay below `speech_room` (the final phase is bounded on its own): up to SPEECH_GROUP are
+    decoded before the first fill, then SPEECH_GROUP after each TEXT_GROUP of text, the prompt text's first."""
+    return (speech_room - SPEECH_GROUP - 1) * TEXT_GROUP // SPEECH_GROUP - prompt_text
 
 
 class Phase(str, Enum):
@@ -39,8 +47,8 @@ class Interleave:
     prompt_text: list[int]
     prompt_speech: list[int]
     fill: int  # the fill token id (speech_token_size + 2)
-    text_group: int = 5
-    speech_group: int = 15
+    text_group: int = TEXT_GROUP
+    speech_group: int = SPEECH_GROUP
     text_cache: list[int] = field(init=False)
     lm_input: list[Item] = field(init=False)  # upstream's `lm_input`: pending, or the last block fed
     history: list[int] = field(default_factory=list)  # every token decided, fills included (upstream's out_tokens)

@@ -34,6 +34,12 @@ class FlowChunk:
     prompt_mel: np.ndarray  # [prompt_frames, 80]
 
 
+def segment_token_room(max_frames: int, token_mel_ratio: int, prompt_tokens: int) -> int:
+    """Speech tokens one segment may have after a voice's `prompt_tokens`: each flow run covers the prompt and
+    the segment's tokens so far, and its fixed noise holds `max_frames` mel frames (upstream indexes past it)."""
+    return max_frames // token_mel_ratio - prompt_tokens
+
+
 def cosine_t_span(n: int) -> np.ndarray:
     t = np.linspace(0.0, 1.0, n + 1, dtype=np.float32)
     return (1.0 - np.cos(t * np.float32(0.5 * math.pi))).astype(np.float32)
@@ -54,6 +60,9 @@ class FlowEngine:
     @property
     def max_frames(self) -> int:
         return self.noise.shape[1]
+
+    def token_room(self, prompt_tokens: int) -> int:
+        return segment_token_room(self.max_frames, self.ratio, prompt_tokens)
 
     def run(self, chunks: list[FlowChunk]) -> list[np.ndarray]:
         b = len(chunks)

@@ -16,6 +16,7 @@ from enum import Enum
 import numpy as np
 
 from ..engine.pipeline import Voice
+from ..frontend import speakable
 from ..streamtext import StreamTokenizer
 from ..streaming import ChunkPlanner, HiftCache
 
@@ -55,7 +56,7 @@ class SegmentDone:
     first_audio_at: float | None  # of its first audio sent (None: it produced none)
     closed_at: float  # of the flush / end of input that closed it (or of its last text, if `auto`)
     done_at: float
-    auto: bool = False  # closed by the server at a sentence end, not by a flush: the text went on without one
+    auto: bool = False  # closed by the server (at a sentence end, or at the segment cap), not by a flush
 
 
 class FeedClosed(ValueError):
@@ -69,6 +70,7 @@ class FeedSegment:
     text_at: float | None = None
     closed_at: float | None = None
     auto: bool = False
+    speakable: bool = False  # has a letter or digit; until then the LLM gets none of its tokens
 
 
 class TextFeed:
@@ -80,15 +82,19 @@ class TextFeed:
     Text that goes on without a flush is cut into segments as the whole-text path cuts a paragraph: at
     the first sentence end once a segment has `segment_tokens` text tokens before it (decided on the committed
     tokens, so it does not depend on the split either). That keeps each segment within what the model
-    was trained on, and a session's KV cache bounded."""
+    was trained on, and a session's KV cache bounded. Text without a sentence end is cut at `max_tokens`,
+    as the whole-text path cuts a sentence without punctuation: a segment's speech must fit the flow.
+    A segment with nothing to say (punctuation, emoji) is dropped, as the whole-text path drops one."""
 
-    def __init__(self, tokenizer: StreamTokenizer, timeout_s: float, segment_tokens: int | None = None) -> None:
+    def __init__(self, tokenizer: StreamTokenizer, timeout_s: float, segment_tokens: int | None = None,
+                 max_tokens: int | None = None) -> None:
         self._tok = tokenizer
         self._lock = threading.Lock()
         self._segments: list[FeedSegment] = [FeedSegment()]
         self._ended = False
         self.timeout_s = timeout_s
         self.segment_tokens = segment_tokens
+        self.max_tokens = max_tokens
         self.deadline = math.inf
         self.first_text_at: float | None = None
         self.wake: Callable[[], None] = lambda: None  # set by the scheduler: text arrived
@@ -114,23 +120,31 @@ class TextFeed:
     def _append(self, tokens: list[int], now: float) -> None:
         seg = self._segments[-1]
         for t in tokens:
-            if self.segment_tokens and len(seg.tokens) >= self.segment_tokens and self._tok.sentence_break(seg.tokens, t):
-                seg.closed_at, seg.auto, seg.chars = now, True, self._chars(seg)
-                seg = FeedSegment(text_at=now)
-                self._segments.append(seg)
+            n = len(seg.tokens)
+            if ((self.max_tokens and n >= self.max_tokens)
+                    or (self.segment_tokens and n >= self.segment_tokens and self._tok.sentence_break(seg.tokens, t))):
+                seg = self._end_segment(now, auto=True)
             seg.tokens.append(t)
 
-    def _chars(self, seg: FeedSegment) -> int:
-        return len(self._tok.tok.decode(seg.tokens))
+    def _speakable(self, seg: FeedSegment) -> bool:
+        if not seg.speakable:  # decoded whole: a byte-level token may hold part of a letter
+            seg.speakable = speakable(self._tok.tok.decode(seg.tokens))
+        return seg.speakable
+
+    def _end_segment(self, now: float, auto: bool) -> FeedSegment:
+        """Closes the current segment, or drops it if it has nothing to say; returns the next one."""
+        seg = self._segments[-1]
+        nxt = FeedSegment(text_at=now if auto else None)  # auto: the text goes on in the next one
+        if self._speakable(seg):
+            seg.closed_at, seg.auto, seg.chars = now, auto, len(self._tok.tok.decode(seg.tokens))
+            self._segments.append(nxt)
+        else:  # a flush with nothing buffered, or only punctuation: no segment
+            self._segments[-1] = nxt
+        return nxt
 
     def _close(self, now: float) -> None:
         self._append(self._tok.flush(), now)
-        seg = self._segments[-1]
-        if seg.tokens:  # a flush with nothing buffered is no segment
-            seg.closed_at, seg.chars = now, self._chars(seg)
-            self._segments.append(FeedSegment())
-        else:
-            self._segments[-1] = FeedSegment()
+        self._end_segment(now, auto=False)
 
     def flush(self) -> None:
         """End of a thought: what is buffered is spoken as at the end of input; later text starts a new segment."""
@@ -157,7 +171,7 @@ class TextFeed:
             if i >= len(self._segments) or (self._ended and i == len(self._segments) - 1):
                 return None
             seg = self._segments[i]
-            return list(seg.tokens), seg.closed_at is not None
+            return list(seg.tokens) if self._speakable(seg) else [], seg.closed_at is not None
 
     def info(self, i: int) -> FeedSegment:
         with self._lock:

@@ -263,7 +263,9 @@ class Scheduler:
     def _sequence(self, req: SynthesisRequest) -> Sequence:
         v = req.voice
         seq = self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.llm_prompt_speech_tokens, req.rng, req)
-        seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens)))  # the request's output bound
+        # the request's output bound, and what the flow can take after the voice's prompt
+        room = self.p.flow.token_room(len(v.prompt_speech_tokens))
+        seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens), room))
         return seq
 
     # Bistream sessions (under self._lock unless said otherwise) -------------------------------
@@ -287,7 +289,7 @@ class Scheduler:
                 f"{self._kv_limit_positions} positions); flush at the ends of sentences")
 
     def _end_session(self, req: SynthesisRequest, outcome: Outcome, message: str) -> None:
-        """A session the scheduler itself ends (its handler only waits for Done)."""
+        """A request the scheduler itself ends (its handler only waits for Done)."""
         if req.alive:
             self.release(req, outcome)  # freed before its handler hears of it
             req.push_done(Done(outcome, message))
@@ -320,8 +322,10 @@ class Scheduler:
                 over.append(req)
                 continue
             q.prompt = llm.embed(block)
-            if b.phase == Phase.FINAL:  # as the whole-text path bounds its decode: by the segment's text
-                q.max_len = max(len(q.tokens) + 1, min(int(b.text_tokens * llm.spec.max_token_text_ratio), req.max_tokens))
+            if b.phase == Phase.FINAL:  # as the whole-text path bounds its decode: by the segment's text and the flow
+                room = self.p.flow.token_room(len(req.voice.prompt_speech_tokens))
+                q.max_len = max(len(q.tokens) + 1,
+                                min(int(b.text_tokens * llm.spec.max_token_text_ratio), req.max_tokens, room))
             self._in_llm.add(key)
             ready.append(q)
         self._parked_metrics()
@@ -421,7 +425,7 @@ class Scheduler:
             while (span := req.planner.next(len(segment), q.done)) is not None:
                 self._emit_flow(req, segment, span, span.final and last_segment,
                                 self._usage(req, q) if span.final and req.feed is not None else None)
-            if not q.done:
+            if not q.done or not req.alive:  # alive: _emit_flow may have ended it
                 continue
             if not last_segment:
                 req.segment += 1
@@ -454,7 +458,14 @@ class Scheduler:
             return
         v = req.voice
         context = 0 if span.final else self.lookahead
-        tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(segment[: span.end + context], np.int64)])
+        ahead = segment[: span.end + context]
+        room = self.p.flow.token_room(len(v.prompt_speech_tokens))
+        if len(ahead) > room:  # past the flow's noise it would fail the whole flow batch it joined: it ends alone
+            self._end_session(req, Outcome.FAILED, f"the segment needs {len(ahead)} speech tokens after the voice's "
+                              f"{len(v.prompt_speech_tokens)} prompt tokens, and the model's flow takes "
+                              f"{max(room, 0)} (its noise buffer is {self.p.flow.max_frames} mel frames)")
+            return
+        tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(ahead, np.int64)])
         chunk = FlowChunk(
             tokens=tokens,
             token_len=len(v.prompt_speech_tokens) + span.end,

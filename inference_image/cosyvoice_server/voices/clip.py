@@ -116,11 +116,19 @@ def decode(data: bytes, filename: str | None = None, media_type: str | None = No
 
 def _check_length(seconds: float) -> None:
     if seconds > MAX_SECONDS:
-        raise ClipRejected(f"The clip is {seconds:.1f} s long; the limit is {MAX_SECONDS:g} s (trim it to a few "
-                           "seconds of clean speech: 3-10 s works best).", "audio_too_long")
+        raise ClipRejected(f"The clip is {_shown_apart(seconds, MAX_SECONDS, 1)} s long; the limit is {MAX_SECONDS:g} s "
+                           "(trim it to a few seconds of clean speech: 3-10 s works best).", "audio_too_long")
     if seconds < MIN_SECONDS:
-        raise ClipRejected(f"The clip is {seconds:.2f} s long; a voice needs at least {MIN_SECONDS:g} s of speech.",
-                           "audio_too_short")
+        raise ClipRejected(f"The clip is {_shown_apart(seconds, MIN_SECONDS, 2)} s long; a voice needs at least "
+                           f"{MIN_SECONDS:g} s of speech.", "audio_too_short")
+
+
+def _shown_apart(value: float, limit: float, digits: int) -> str:
+    """`value` with at least `digits` decimals and as many more as it takes not to read as `limit` (a 0.9994 s
+    clip refused as "1.00 s long" would not say why)."""
+    while float(shown := f"{value:.{digits}f}") == limit and digits < 6:
+        digits += 1
+    return shown
 
 
 def loudest_dbfs(audio: np.ndarray, rate: int, window_s: float = 0.02) -> float:
