@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from .spec import CosyVoiceServiceSpec, InvalidSpec
+from .spec import Autoscaling, CosyVoiceServiceSpec, InvalidSpec
 
 # The Helm values these settings come from, named in messages so that a CR author knows whom to ask.
 HELM_SOURCES = "metricsSources"
@@ -121,9 +121,11 @@ def image_repository(image: str) -> str:
     head, _, tail = name.rpartition("/")
     name = f"{head}/{tail.split(':', 1)[0]}" if head else tail.split(":", 1)[0]
     first, _, rest = name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
+    if first in ("docker.io", "index.docker.io") and rest:  # Docker Hub spelt out: the same images as unqualified
+        name = rest
+    elif rest and ("." in first or ":" in first or first == "localhost"):
         return name
-    return f"docker.io/{name}" if rest else f"docker.io/library/{name}"
+    return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
 
 
 def image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
@@ -195,7 +197,8 @@ class SourceError:
     message: str
 
 
-def resolve_source(policy: AdminPolicy, namespace: str, auto: Any) -> tuple[str, MetricsSource] | SourceError:
+def resolve_source(policy: AdminPolicy, namespace: str,
+                   auto: Autoscaling) -> tuple[str, MetricsSource] | SourceError:
     """The admin-defined source a service's ``spec.autoscaling`` selects.
 
     ``metricsSource`` names one; else a legacy ``prometheus.url`` selects the source with that exact
@@ -203,7 +206,7 @@ def resolve_source(policy: AdminPolicy, namespace: str, auto: Any) -> tuple[str,
     default source. Everything else fails closed.
     """
     names = ", ".join(sorted(n for n, s in policy.metrics_sources.items() if s.serves(namespace))) or "none"
-    legacy = getattr(auto, "prometheus", None)
+    legacy = auto.prometheus
     if legacy is not None and (legacy.bearer_token_secret or legacy.ca_secret or legacy.insecure_skip_verify):
         return SourceError("MetricsSourceNotAllowed", "spec.autoscaling.prometheus may not carry credentials or TLS "
                            "settings (bearerTokenSecret, caSecret, insecureSkipVerify): the operator only sends "
@@ -211,7 +214,8 @@ def resolve_source(policy: AdminPolicy, namespace: str, auto: Any) -> tuple[str,
                            f"{names}")
     name = auto.metrics_source
     if name is None and legacy is not None:
-        matches = [n for n, s in policy.metrics_sources.items() if s.url.rstrip("/") == legacy.url.rstrip("/")]
+        matches = [n for n, s in policy.metrics_sources.items()
+                   if s.url.rstrip("/") == legacy.url.rstrip("/") and s.serves(namespace)]
         if not matches:
             return SourceError("MetricsSourceNotAllowed", f"spec.autoscaling.prometheus.url {legacy.url} is not a "
                                "metrics source the operator's administrator allows; set spec.autoscaling.metricsSource"
@@ -227,7 +231,7 @@ def resolve_source(policy: AdminPolicy, namespace: str, auto: Any) -> tuple[str,
     if source is None or not source.serves(namespace):
         return SourceError("MetricsSourceNotAllowed", f"metrics source {name!r} is not defined for namespace "
                            f"{namespace}; available: {names}")
-    queries = getattr(auto, "queries", None)
+    queries = auto.queries
     overridden = [info.alias or field for field, info in type(queries).model_fields.items()
                   if getattr(queries, field) is not None] if queries is not None else []
     if overridden and not source.allow_query_overrides:
