@@ -33,12 +33,12 @@ class ChildConflict(InvalidSpec):
 
 class ReferenceNotAllowed(InvalidSpec):
     """The spec names a Secret, ConfigMap, claim or ServiceAccount whose owner has not opted in to
-    CosyVoiceServices using it (or that the operator cannot check). ``revoked``: at least one exists without
-    the label, so pods already running must stop using it."""
+    CosyVoiceServices using it (or that the operator cannot check). ``unlabelled``: (kind, name) of those
+    that exist without the label: pods already running with one must stop using it."""
 
-    def __init__(self, message: str, revoked: bool = False) -> None:
+    def __init__(self, message: str, unlabelled: frozenset[tuple[str, str]] = frozenset()) -> None:
         super().__init__(message)
-        self.revoked = revoked
+        self.unlabelled = unlabelled
 
 
 class SecretNotAllowed(ReferenceNotAllowed):
@@ -188,8 +188,8 @@ class Reconciler:
             actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
         except InvalidSpec as exc:
             self._record_invalid(cr, exc, previous, previous_status, generation)
-            if isinstance(exc, ReferenceNotAllowed) and exc.revoked and owner.uid:
-                self._stop_using(cr, owner)
+            if isinstance(exc, ReferenceNotAllowed) and exc.unlabelled and owner.uid:
+                self._stop_using(cr, owner, exc.unlabelled)
             raise
         for api_version, kind_ in rendered.absent:
             if (a := self._ensure_absent(cr, owner, kube.resource_of(api_version, kind_))):
@@ -241,7 +241,7 @@ class Reconciler:
         dep = rendered.get("Deployment") or {}
         problems: list[str] = []
         kinds: set[str] = set()
-        revoked = False
+        unlabelled: set[tuple[str, str]] = set()
         for kind, where, name in render.objects_used(dep["spec"]["template"]["spec"]):
             what = f"{kind} {name} ({where})"
             try:
@@ -253,7 +253,7 @@ class Reconciler:
             else:
                 problem = f"{what} does not exist in namespace {owner.namespace}" if obj is None else None
             if obj is not None and (obj["metadata"].get("labels") or {}).get(OPT_IN_LABEL) != OPT_IN_VALUE:
-                revoked = True
+                unlabelled.add((kind, name))
                 problem = (f"{what} is not labelled {OPT_IN_LABEL}={OPT_IN_VALUE} (its owner opts in with: kubectl "
                            f"label {kind.lower()} {name} -n {owner.namespace} {OPT_IN_LABEL}={OPT_IN_VALUE})")
             if problem:
@@ -261,14 +261,18 @@ class Reconciler:
                 kinds.add(kind)
         if problems:
             cls = SecretNotAllowed if kinds == {render.SECRET} else ReferenceNotAllowed
-            raise cls("; ".join(dict.fromkeys(problems)), revoked=revoked)
+            raise cls("; ".join(dict.fromkeys(problems)), frozenset(unlabelled))
 
-    def _stop_using(self, cr: Obj, owner: render.Owner) -> None:
-        """Fail closed on a revoked opt-in: the running pods still mount what their owner no longer allows
-        (the kubelet even keeps a Secret volume up to date), so the Deployment goes to 0 replicas until the
-        label is back or the spec no longer names it."""
+    def _stop_using(self, cr: Obj, owner: render.Owner, unlabelled: frozenset[tuple[str, str]]) -> None:
+        """Fail closed on a revoked opt-in: running pods that use an object whose owner no longer allows it keep
+        it mounted (the kubelet even keeps a Secret volume up to date), so their Deployment goes to 0 replicas
+        until the label is back or the spec no longer names it. Pods that do not use it (the spec only now
+        names it) keep running."""
         live = self.kube.get(kube.DEPLOYMENTS, owner.namespace, owner.name)
         if live is None or not is_controlled_by(live, owner.uid) or not (live.get("spec") or {}).get("replicas"):
+            return
+        pod = ((live.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if not unlabelled & {(kind, name) for kind, _, name in render.objects_used(pod)}:
             return
         self.kube.patch(kube.DEPLOYMENTS, owner.namespace, owner.name, {"spec": {"replicas": 0}})
         self.record(cr, "Warning", "ScaledToZero", f"Deployment {owner.name} scaled to 0: its pods use an object "

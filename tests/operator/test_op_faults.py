@@ -314,7 +314,8 @@ async def test_claims_config_maps_and_service_accounts_need_their_owners_opt_in_
 
 async def test_a_revoked_opt_in_stops_the_pods_that_use_it(cluster: Any) -> None:
     """The running pods keep a Secret volume (the kubelet even keeps it up to date) after its owner removed
-    the label: the Deployment goes to 0 replicas, and comes back when the label does."""
+    the label: the Deployment goes to 0 replicas, and comes back when the label does. A refused object the
+    pods do not use yet stops nothing."""
     cluster.objects["v1/secrets", NS, "tts-key"] = secret("tts-key", opted_in=True)
     async with run_operator(resync_seconds=0.5):
         await create(cluster, cvs(replicas=2, apiKeySecret={"name": "tts-key", "key": "api-key"}))
@@ -327,6 +328,14 @@ async def test_a_revoked_opt_in_stops_the_pods_that_use_it(cluster: Any) -> None
 
         await patch(cluster, f"/api/v1/namespaces/{NS}/secrets/tts-key", {"metadata": {"labels": {OPT_IN_LABEL: "true"}}})
         await eventually(lambda: live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 2)
+
+        # naming another, unlabelled object refuses the change, but the pods do not use it yet: they run on
+        cluster.objects["v1/secrets", NS, "other"] = secret("other", opted_in=False)
+        await patch(cluster, CVS_PATH.format(ns=NS) + "/tts", {"spec": {"env": [
+            {"name": "OTHER", "valueFrom": {"secretKeyRef": {"name": "other", "key": "token"}}}]}})
+        await eventually(lambda: "Secret other" in condition(cluster, "Ready")["message"])
+        await asyncio.sleep(1.0)  # two resyncs
+        assert live(cluster, DEPLOYMENTS)["spec"]["replicas"] == 2
 
 
 async def test_env_cannot_switch_off_the_api_key(cluster: Any) -> None:
