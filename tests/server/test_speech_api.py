@@ -293,6 +293,17 @@ def test_malformed_or_oversized_bodies(server, content, ctype, code):
     assert r.json()["error"]["code"] == code
 
 
+def test_a_compressed_body_is_refused_by_its_encoding_not_as_bad_json(server):
+    import gzip
+
+    body = gzip.compress(json.dumps({"model": "tts-1", "input": "Hi.", "voice": "alloy"}).encode())
+    r = httpx.post(server.url + "/v1/audio/speech", content=body,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 415, r.text
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_media_type" and "Content-Encoding 'gzip'" in err["message"]
+
+
 def test_uptime_probes_may_use_head(server):
     for path in ("/healthz", "/readyz", "/v1/models"):
         r = httpx.head(server.url + path)

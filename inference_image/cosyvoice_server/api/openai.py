@@ -41,6 +41,7 @@ _ERRORS = {
     404: "Unknown model",
     408: "The request body did not arrive within the server's body timeout",
     413: "The request body is over the server's limit",
+    415: "The request body is compressed (`Content-Encoding`); send it uncompressed",
     429: "The server is full; `Retry-After` says when to retry",
     500: "Synthesis failed on the server",
     503: "The model is loading, the server is draining, its drain timeout cut the request off, or a worker process "
@@ -104,6 +105,10 @@ router.add_api_route("/models", list_models, methods=["HEAD"], include_in_schema
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # read as JSON it would only be "not valid JSON"
+        raise APIError(415, f"Content-Encoding {encoding!r} is not supported: send the JSON body uncompressed.",
+                       code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"Request body is {declared} bytes; the limit is {limit}.", code="request_too_large")
@@ -190,7 +195,7 @@ async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | 
                              "sse`, `speech.audio.delta` events then `speech.audio.done`",
               "content": {f.media_type: {"schema": {"type": "string", "format": "binary"}} for f in FORMATS.values()}
               | {"text/event-stream": {"schema": {"type": "string"}}}},
-        **error_responses(400, 404, 408, 413, 429, 500, 503, 504),
+        **error_responses(400, 404, 408, 413, 415, 429, 500, 503, 504),
     },
 )
 async def create_speech(request: Request) -> Response:
