@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from . import __version__
 from .api import errors
-from .api.auth import require_api_key
+from .api.auth import RotatingKey, require_api_key
 from .api.openai import router
 from .api.voices import router as voices_router
 from .api.speech_stream import router as stream_router
@@ -33,8 +33,13 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     """`on_fatal(message)` is called if the model cannot be loaded (the CLI then exits non-zero)."""
     metrics = Metrics()
     metrics.registry.register(NVMLCollector())
-    state = ServerState(settings, metrics, api_key=settings.resolved_api_key(),
-                        registration_key=settings.resolved_registration_key())
+    api_key, registration_key = settings.resolved_api_key(), settings.resolved_registration_key()
+    state = ServerState(settings, metrics,
+                        api_key=None if api_key is None else RotatingKey(
+                            api_key, None if settings.api_key is not None else settings.api_key_file),
+                        registration_key=None if registration_key is None else RotatingKey(
+                            registration_key, None if settings.voice_registration_key is not None
+                            else settings.voice_registration_key_file, "Voice registration key"))
 
     async def load() -> None:
         # numpy's OpenBLAS would run a product on a thread per core and spin them after it, beside the stage

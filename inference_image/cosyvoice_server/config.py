@@ -40,7 +40,7 @@ class Settings(BaseModel):
     voice_aliases: str | None = Field(None, description="alias=voice pairs, comma-separated (e.g. alloy=default,nova=bright), "
                                       "added over the model.yaml voices.aliases table")
     api_key: str | None = Field(None, description="if set, /v1/* requires 'Authorization: Bearer <key>'", repr=False)
-    api_key_file: Path | None = Field(None, description="file holding the API key (a mounted Secret); read at start-up; empty or unreadable stops the server")
+    api_key_file: Path | None = Field(None, description="file holding the API key (a mounted Secret); empty or unreadable stops the server at start-up; re-read within a second when it changes (a rotated Secret), keeping the last key if the new file is empty")
     voice_store_dir: Path | None = Field(None, description="directory of registered (cloned) voices, shared by every replica "
                                          "(a ReadWriteMany volume); its voices are served even with registration off")
     allow_voice_registration: bool = Field(False, description="accept POST and DELETE /v1/audio/voices (voice cloning "
@@ -48,7 +48,8 @@ class Settings(BaseModel):
     voice_registration_key: str | None = Field(None, description="key for POST/DELETE /v1/audio/voices; the API key "
                                                "alone cannot register voices when it is set", repr=False)
     voice_registration_key_file: Path | None = Field(None, description="file holding the registration key (a mounted "
-                                                     "Secret); required with registration when an API key is set")
+                                                     "Secret); required with registration when an API key is set; re-read when it changes, "
+                                                     "as --api-key-file")
     max_voice_upload_bytes: int = Field(8 * 2**20, ge=1024, le=2**30, description="largest voice registration upload "
                                         "(413 beyond, refused before it is read whole)")
     voice_registration_concurrency: int = Field(1, ge=1, le=64, description="voice registrations extracting features at "

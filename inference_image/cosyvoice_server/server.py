@@ -76,6 +76,17 @@ def _app_state(server: uvicorn.Server):
     return getattr(getattr(app, "state", None), "server", None)
 
 
+class NoQueryInWebSocketLines(logging.Filter):
+    """uvicorn logs each WebSocket handshake's path with its query string at info level, and a client may
+    have put its key there (`?api_key=`, refused but logged): the lines keep the path only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and '"WebSocket %s"' in record.msg and isinstance(record.args, tuple):
+            record.args = tuple(a.split("?", 1)[0] if isinstance(a, str) and a.startswith("/") else a
+                                for a in record.args)
+        return True
+
+
 def run(settings: Settings) -> int:
     holder: dict[str, DrainingServer] = {}
     app = create_app(settings, on_fatal=lambda msg: holder["server"].fatal(msg))
@@ -88,6 +99,7 @@ def run(settings: Settings) -> int:
                             ws=websocket_protocol(5.0, settings.stream_send_buffer_bytes),
                             ws_max_size=16 * settings.max_body_bytes,
                             ws_per_message_deflate=False)
+    logging.getLogger("uvicorn.error").addFilter(NoQueryInWebSocketLines())
     server = DrainingServer(config, settings)
     holder["server"] = server
     server.run()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .api.auth import RotatingKey
 from .api.schemas import SpeechRequest
 from .config import Settings
 from .engine.bistream import text_room
@@ -56,8 +57,8 @@ def instruct(voice: Voice, instructions: str, frontend: TextFrontend) -> Voice:
 class ServerState:
     settings: Settings
     metrics: Metrics
-    api_key: str | None = None
-    registration_key: str | None = None
+    api_key: RotatingKey | None = None
+    registration_key: RotatingKey | None = None
     pipeline: Pipeline | None = None
     scheduler: Scheduler | None = None
     ready: bool = False

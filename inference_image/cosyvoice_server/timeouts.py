@@ -21,6 +21,7 @@ import struct
 import termios
 import time
 from asyncio import TimerHandle
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -108,6 +109,11 @@ def websocket_protocol(close_grace_s: float, send_buffer_bytes: int) -> type[Web
     the kernel may hold at most half of `send_buffer_bytes` for the peer (Linux doubles SO_SNDBUF)."""
 
     class AbortingWebSocketProtocol(WebSocketsSansIOProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # at debug level the websockets library logs every handshake header: the API key with them
+            self.conn.debug = False
+
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             sock = transport.get_extra_info("socket")

@@ -16,11 +16,13 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from wskit import SENTENCE, assert_server_healthy, metric, open_raw, send, start, until_closed, wait_for_metric
 
 from cosyvoice_server.api.speech_stream import _Session
 from cosyvoice_server.client import StreamError, connect, speak
+from cosyvoice_server.client.speech_stream import stream_url
 
 BIG = 65536 + 1  # over the default max_body_bytes
 
@@ -252,6 +254,29 @@ async def test_api_key_by_header_or_browser_subprotocol_fails_closed(start_serve
     await start(ws)
     await ws.close()
     assert metric(srv.url, "cosyvoice_stream_sessions_total", 'reason="invalid_api_key"') == 3
+
+
+async def test_every_credential_presented_counts_and_none_reaches_the_log(start_server, tmp_path) -> None:
+    """A right key beside a wrong one (a second Authorization header, a second subprotocol line) is
+    refused; the registration key may stream, as it may synthesize over HTTP; at debug level the
+    handshake's headers are not logged, and a key put in the query string is not either."""
+    store = tmp_path / "voices"
+    store.mkdir()
+    srv = start_server("--log-level", "debug", "--allow-voice-registration", "--voice-store-dir", str(store),
+                       env={"COSYVOICE_API_KEY": "api-key-1", "COSYVOICE_VOICE_REGISTRATION_KEY": "reg-key-2"})
+    for kw in ({"additional_headers": [("Authorization", "Bearer api-key-1"), ("Authorization", "Bearer no")]},
+               {"additional_headers": [("Authorization", "Bearer api-key-1"),
+                                       ("Sec-WebSocket-Protocol", _key_protocol("no"))]}):
+        with pytest.raises(InvalidStatus) as err:
+            await open_raw(srv.url, **kw)
+        assert err.value.response.status_code == 401
+    with pytest.raises(InvalidStatus):
+        await ws_connect(stream_url(srv.url) + "?api_key=api-key-1", open_timeout=10)
+    async with await connect(srv.url, api_key="reg-key-2") as s:
+        assert (await speak(s, [SENTENCE])).audio
+    log = srv.log()
+    assert "api-key-1" not in log and "reg-key-2" not in log
+    assert base64.b64encode(b"api-key-1").decode().rstrip("=") not in log
 
 
 async def test_options_the_stream_cannot_honour_are_refused_with_the_reason(server) -> None:

@@ -178,6 +178,42 @@ def test_api_key_from_a_mounted_secret_file(start_server, tmp_path):
     s = start_server("--api-key-file", str(key))
     assert httpx.get(s.url + "/v1/models").status_code == 401
     assert httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer from-file"}).status_code == 200
+    # two Authorization headers, one right: refused, the server does not pick one
+    two = httpx.Headers([("Authorization", "Bearer from-file"), ("Authorization", "Bearer wrong")])
+    assert httpx.get(s.url + "/v1/models", headers=two).status_code == 401
+
+
+def test_a_rotated_key_file_takes_effect_without_a_restart(start_server, tmp_path):
+    """As Kubernetes updates a mounted Secret: a new file swapped in through a symlink. The old key stops
+    working within seconds; a file that becomes empty keeps the last key (authentication never turns off)."""
+    data = tmp_path / "..data-1"
+    data.mkdir()
+    (data / "key").write_text("first-key\n")
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "key").symlink_to("..data/key")
+    s = start_server("--api-key-file", str(tmp_path / "key"))
+
+    def status(key: str) -> int:
+        return httpx.get(s.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+    def swap(text: str, n: int) -> None:
+        new = tmp_path / f"..data-{n}"
+        new.mkdir()
+        (new / "key").write_text(text)
+        (tmp_path / "..data-tmp").symlink_to(new.name)
+        os.replace(tmp_path / "..data-tmp", tmp_path / "..data")
+
+    assert status("first-key") == 200
+    swap("second-key\n", 2)
+    deadline = time.monotonic() + 10
+    while status("first-key") != 401:
+        assert time.monotonic() < deadline, "the old key still works"
+        time.sleep(0.2)
+    assert status("second-key") == 200
+    swap("", 3)
+    time.sleep(1.5)
+    assert status("second-key") == 200 and httpx.get(s.url + "/v1/models").status_code == 401
+    assert "holds no key; the previous key stays in force" in s.log()
 
 
 def serve_fails(*args: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import json
 import logging
 import time
@@ -34,6 +33,7 @@ from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from ..timeouts import SEND_FLOW, SendFlow
 from . import stream_protocol as p
+from .auth import matches, presented_tokens
 from .openai import OPENAI_MODEL_ALIASES
 
 log = logging.getLogger(__name__)
@@ -48,38 +48,38 @@ router = APIRouter()
 
 
 def _offered_subprotocols(ws: WebSocket) -> list[str]:
-    return [x.strip() for x in ws.headers.get("sec-websocket-protocol", "").split(",") if x.strip()]
+    # repeated header lines are one list (RFC 6455)
+    return [x.strip() for line in ws.headers.getlist("sec-websocket-protocol") for x in line.split(",") if x.strip()]
 
 
-def _presented_keys(ws: WebSocket) -> list[str] | None:
-    """The API keys the client presented (header and subprotocol); None when it presented none."""
-    keys = []
-    if "authorization" in ws.headers:
-        scheme, _, token = ws.headers["authorization"].partition(" ")
-        keys.append(token.strip() if scheme.lower() == "bearer" else "")
+def _presented_keys(ws: WebSocket) -> list[str]:
+    """Every key the client presented: each Authorization header and each key subprotocol."""
+    keys = presented_tokens(ws.headers.getlist("authorization"))
     for proto in _offered_subprotocols(ws):
         if proto.startswith(KEY_SUBPROTOCOL_PREFIX):
             encoded = proto[len(KEY_SUBPROTOCOL_PREFIX):]
             try:
-                keys.append(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode())
+                keys.append(base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_",
+                                             validate=True).decode())
             except (binascii.Error, UnicodeDecodeError, ValueError):
                 keys.append("")
-    return keys or None
+    return keys
 
 
-def authorized(ws: WebSocket, key: str | None) -> bool:
-    """Fail closed: with a key configured, every credential presented must be it, and one must be presented."""
-    if key is None:
+def authorized(ws: WebSocket, keys: list[str]) -> bool:
+    """Fail closed: with a key configured, every credential presented must be one (the API key or the
+    registration key, as on HTTP), and one must be presented."""
+    if not keys:
         return True
     presented = _presented_keys(ws)
-    # Constant-time per comparison: the time to reject must not tell how much of a guess was right.
-    return bool(presented) and all(hmac.compare_digest(k.encode(), key.encode()) for k in presented)
+    return bool(presented) and all([matches(k, keys) for k in presented])
 
 
 @router.websocket(PATH)
 async def speech_stream(ws: WebSocket) -> None:
     s: ServerState = ws.app.state.server
-    if not authorized(ws, s.api_key):
+    keys = [k.current() for k in (s.api_key, s.registration_key) if k is not None] if s.api_key is not None else []
+    if not authorized(ws, keys):
         # Refused in the handshake, as the HTTP API: 401 in OpenAI's error shape.
         s.metrics.stream_sessions.labels("invalid_api_key").inc()
         error = p.error_event("Missing or incorrect API key: send 'Authorization: Bearer <key>', or from a browser "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -34,7 +33,7 @@ from ..voices import clip
 from ..voices.features import ClipError
 from ..voices.store import NAME_PATTERN, VoiceExists, VoiceRecord, valid_name
 from ..voices.worker import ExtractionTimeout
-from .auth import require_api_key
+from .auth import matches, presented_tokens, require_api_key
 from .errors import APIError
 from .openai import ready_or_503, state_of
 from .schemas import ErrorResponse, VoiceCard, VoiceList
@@ -107,11 +106,10 @@ def require_registration(request: Request) -> None:
     if not s.settings.allow_voice_registration:
         raise APIError(403, "Voice registration is off on this server (start it with --allow-voice-registration).",
                        type="permission_error", code="voice_registration_disabled")
-    key = s.registration_key
-    if key is None:
+    if s.registration_key is None:
         return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    tokens = presented_tokens(request.headers.getlist("authorization"))
+    if len(tokens) != 1 or not matches(tokens[0], [s.registration_key.current()]):
         raise APIError(403, "This key may synthesize speech but not register or delete voices; use the voice "
                        "registration key.", type="permission_error", code="insufficient_scope")
 
