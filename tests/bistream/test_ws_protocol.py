@@ -148,5 +148,6 @@ def _key_proto(key: str) -> str:
     ({"authorization": "Bearer s3cret/+=", "sec-websocket-protocol": _key_proto("wrong")}, False),
 ])
 def test_credentials_fail_closed(headers, ok) -> None:
-    assert authorized(_WS(headers), "s3cret/+=") is ok
-    assert authorized(_WS(headers), None) is True
+    assert authorized(_WS(headers), ["s3cret/+="]) is ok
+    assert authorized(_WS(headers), ["other", "s3cret/+="]) is ok  # the API key or the registration key
+    assert authorized(_WS(headers), []) is True  # no key configured
