@@ -22,34 +22,59 @@ import numpy as np
 WHISPER_RATE, WHISPER_N_FFT, WHISPER_HOP = 16000, 400, 160
 
 
+# Outputs computed per step of `resample`: bounds its working memory (a [CHUNK, taps] gather, taps <= 2 * 73 + 2
+# for 192 kHz -> 16 kHz) whatever the clip's length.
+RESAMPLE_CHUNK = 4096
+
+
 @lru_cache(maxsize=8)
-def _resample_kernel(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.99) -> tuple[np.ndarray, int]:
-    """torchaudio's `_get_sinc_resample_kernel` for rates already divided by their gcd: [new, 2*width+orig]."""
+def _resample_phases(orig: int, new: int, width_zeros: int = 6, rolloff: float = 0.99) -> tuple[np.ndarray, np.ndarray, int]:
+    """torchaudio's `_get_sinc_resample_kernel` for rates already divided by their gcd, keeping of each of its
+    `new` rows only the taps its window leaves non-zero: (kernel [new, 2 * width + 2], first tap of each row
+    relative to its frame's start, width).
+
+    torchaudio's row p spans `orig + 2 * width` input samples, but its window is zero beyond `width` samples
+    of the output's position p * orig / new; a rate sharing no factor with the target (16001 Hz) made that
+    [16000, 16015] doubles (2 GB), 200003 Hz [16000, 200155] (24 GB). These rows are [new, 2 * width + 2]."""
     base = min(orig, new) * rolloff
     width = math.ceil(width_zeros * orig / base)
-    idx = np.arange(-width, width + orig, dtype=np.float64)[None, :] / orig
-    # torchaudio divides an integer arange in the default dtype (float32) before adding the float64 grid
-    t = (np.arange(0, -new, -1) / new).astype(np.float32).astype(np.float64)[:, None] + idx
-    t = np.clip(t * base, -width_zeros, width_zeros)
-    window = np.cos(t * math.pi / width_zeros / 2) ** 2
-    t = t * math.pi
-    with np.errstate(invalid="ignore", divide="ignore"):
-        kernel = np.where(t == 0, 1.0, np.sin(t) / t)
-    kernel = kernel * window * (base / orig)
-    return kernel.astype(np.float32), width
+    first = np.arange(new) * orig // new - width  # the taps of row p: input samples first[p] .. first[p] + 2 * width + 1
+    kernel = np.empty((new, 2 * width + 2), np.float32)
+    for start in range(0, new, RESAMPLE_CHUNK):  # float64 temporaries of a block of rows, not of the whole table
+        phase = np.arange(start, min(start + RESAMPLE_CHUNK, new))
+        idx = (first[phase, None] + np.arange(2 * width + 2)[None, :]) / orig
+        # torchaudio divides an integer arange in the default dtype (float32) before adding the float64 grid
+        t = (-phase / new).astype(np.float32).astype(np.float64)[:, None] + idx
+        t = np.clip(t * base, -width_zeros, width_zeros)
+        window = np.cos(t * math.pi / width_zeros / 2) ** 2
+        t = t * math.pi
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rows = np.where(t == 0, 1.0, np.sin(t) / t)
+        kernel[phase] = rows * window * (base / orig)
+    return kernel, first, width
 
 
 def resample(audio: np.ndarray, orig: int, new: int) -> np.ndarray:
-    """`torchaudio.transforms.Resample(orig, new)(audio)` for mono float32 audio."""
+    """`torchaudio.transforms.Resample(orig, new)(audio)` for mono float32 audio, in memory bounded by the
+    ratio of the rates (not by their greatest common divisor) and time linear in the clip's length."""
     if orig == new:
         return audio.astype(np.float32)
     g = math.gcd(orig, new)
     o, n = orig // g, new // g
-    kernel, width = _resample_kernel(o, n)
-    x = np.pad(audio.astype(np.float64), (width, width + o))
-    frames = np.lib.stride_tricks.sliding_window_view(x, kernel.shape[1])[::o]
-    out = (frames @ kernel.astype(np.float64).T).reshape(-1)
-    return out[: math.ceil(n * len(audio) / o)].astype(np.float32)
+    kernel, first, width = _resample_phases(o, n)
+    length = math.ceil(n * len(audio) / o)
+    out = np.empty(length, np.float32)
+    # output j = k * n + p reads input samples k * o + first[p] + (0 .. taps - 1); x is padded by `width` at the start
+    taps = kernel.shape[1]
+    last = (length - 1) // n * o + int(first.max()) + taps + width if length else 0
+    x = np.pad(audio.astype(np.float64), (width, max(0, last - len(audio) - width)))
+    rows = np.lib.stride_tricks.sliding_window_view(x, taps)
+    for start in range(0, length, RESAMPLE_CHUNK):
+        j = np.arange(start, min(start + RESAMPLE_CHUNK, length))
+        p = j % n
+        frames = rows[j // n * o + first[p] + width]
+        out[start : start + len(j)] = np.einsum("ij,ij->i", frames, kernel[p].astype(np.float64))
+    return out
 
 
 def _hz_to_mel(f: np.ndarray) -> np.ndarray:
