@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -29,17 +30,22 @@ log = logging.getLogger(__name__)
 BLAS_THREADS = 1
 
 
+def _rotating(key: str | None, value: str | None, file: Path | None, what: str) -> RotatingKey | None:
+    """The key in force, re-read from its file when it came from one (a key given as a value stays)."""
+    return None if key is None else RotatingKey(key, None if value is not None else file, what)
+
+
 def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     """`on_fatal(message)` is called if the model cannot be loaded (the CLI then exits non-zero)."""
     metrics = Metrics()
     metrics.registry.register(NVMLCollector())
-    api_key, registration_key = settings.resolved_api_key(), settings.resolved_registration_key()
     state = ServerState(settings, metrics,
-                        api_key=None if api_key is None else RotatingKey(
-                            api_key, None if settings.api_key is not None else settings.api_key_file),
-                        registration_key=None if registration_key is None else RotatingKey(
-                            registration_key, None if settings.voice_registration_key is not None
-                            else settings.voice_registration_key_file, "Voice registration key"))
+                        api_key=_rotating(settings.resolved_api_key(), settings.api_key, settings.api_key_file,
+                                          "API key"),
+                        registration_key=_rotating(settings.resolved_registration_key(), settings.voice_registration_key,
+                                                   settings.voice_registration_key_file, "Voice registration key"),
+                        admin_key=_rotating(settings.resolved_admin_key(), settings.voice_admin_key,
+                                            settings.voice_admin_key_file, "Voice admin key"))
 
     async def load() -> None:
         # numpy's OpenBLAS would run a product on a thread per core and spin them after it, beside the stage

@@ -51,6 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
         Runtime(settings.device, RuntimeOptions(device_id=settings.device_id))
         settings.resolved_api_key()
         settings.resolved_registration_key()
+        settings.resolved_admin_key()
     except (ModelLoadError, DeviceError, ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BUNDLED_MODEL = Path(__file__).parent / "models" / "tiny"
 # Settings with no `serve` flag: a secret belongs in the environment or a file, not in argv (`ps` shows argv).
-ENV_ONLY = frozenset({"api_key", "voice_registration_key"})
+ENV_ONLY = frozenset({"api_key", "voice_registration_key", "voice_admin_key"})
 
 
 class Settings(BaseModel):
@@ -50,6 +50,22 @@ class Settings(BaseModel):
     voice_registration_key_file: Path | None = Field(None, description="file holding the registration key (a mounted "
                                                      "Secret); required with registration when an API key is set; re-read when it changes, "
                                                      "as --api-key-file")
+    voice_registration_owner: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="owner "
+                                                 "recorded on the voices this server's registration key registers, "
+                                                 "and whose voices that key may delete (default: a fingerprint of "
+                                                 "the key, which changes when the key is rotated); a name keeps "
+                                                 "ownership across rotations: give each service sharing a voice "
+                                                 "store with its own key its own name")
+    voice_admin_key: str | None = Field(None, description="key that may DELETE any registered voice (those with no "
+                                        "owner included) and read every transcript; it may not register voices or "
+                                        "synthesize speech", repr=False)
+    voice_admin_key_file: Path | None = Field(None, description="file holding the voice admin key (a mounted "
+                                              "Secret); re-read when it changes, as --api-key-file")
+    max_voices_per_owner: int = Field(100, ge=1, le=1_000_000, description="registered voices one owner may have "
+                                      "in the store; a registration beyond it gets 409 voice_quota_exceeded")
+    max_registered_voices: int = Field(1000, ge=1, le=1_000_000, description="registered voices in the store, all "
+                                       "owners and unreadable records together; a registration beyond it gets 409 "
+                                       "voice_store_full")
     max_voice_upload_bytes: int = Field(8 * 2**20, ge=1024, le=2**30, description="largest voice registration upload "
                                         "(413 beyond, refused before it is read whole)")
     voice_registration_concurrency: int = Field(1, ge=1, le=64, description="voice registrations extracting features at "
@@ -102,9 +118,17 @@ class Settings(BaseModel):
             raise ConfigError("the voice registration key equals the API key; give registration a key of its own")
         return key
 
+    def resolved_admin_key(self) -> str | None:
+        """The key that may delete any registered voice (None: no caller may, unless auth is off altogether)."""
+        key = _resolved_key(self.voice_admin_key, self.voice_admin_key_file, "voice_admin_key")
+        if key is not None and key in (self.resolved_api_key(), self.resolved_registration_key()):
+            raise ConfigError("the voice admin key equals the API key or the registration key; give it a key of its own")
+        return key
+
 
 def _resolved_key(value: str | None, file: Path | None, name: str) -> str | None:
-    what = "API key" if name == "api_key" else "Voice registration key"
+    what = {"api_key": "API key", "voice_registration_key": "Voice registration key",
+            "voice_admin_key": "Voice admin key"}[name]
     if value is not None:
         if not value.strip():
             raise ConfigError(f"{env_name(name)} is set but blank; refusing to start with authentication off")
@@ -146,7 +170,8 @@ def env_name(field: str) -> str:
 
 # An empty variable normally means "unset"; for these it means a Secret resolved to nothing, which
 # must stop the server rather than turn authentication off.
-_FAIL_CLOSED = ("api_key", "api_key_file", "voice_registration_key", "voice_registration_key_file")
+_FAIL_CLOSED = ("api_key", "api_key_file", "voice_registration_key", "voice_registration_key_file", "voice_admin_key",
+                "voice_admin_key_file")
 
 
 def from_env_and_args(args: dict[str, object]) -> Settings:

@@ -52,6 +52,10 @@ class Metrics:
             "miss: read from the voice store).", ["result"], registry=r)
         self.registered_voices = Gauge(
             "cosyvoice_registered_voices", "Voices in the shared voice store (counted at each scrape).", registry=r)
+        self.voice_store_unreadable = Gauge(
+            "cosyvoice_voice_store_unreadable_records", "Voice directories the last listing of the voice store could "
+            "not read, left out of it, by reason (invalid_json, invalid_record, newer_schema, missing_tensors, "
+            "missing_metadata, unreadable); the server log names them.", ["reason"], registry=r)
         self.voice_registration_duration = Histogram(
             "cosyvoice_voice_registration_seconds", "Time of a successful voice registration: upload decoding, feature "
             "extraction and the store's write.", buckets=LATENCY_BUCKETS, registry=r)

@@ -23,7 +23,7 @@ from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .streaming import ChunkPlanner
 from .streamtext import StreamTokenizer
 from .text_workers import TextWorkers
-from .voices.store import PromptCache, VoiceStore
+from .voices.store import UNREADABLE_REASONS, PromptCache, VoiceStore
 from .voices.worker import ExtractionPool
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class ServerState:
     metrics: Metrics
     api_key: RotatingKey | None = None
     registration_key: RotatingKey | None = None
+    admin_key: RotatingKey | None = None  # deletes any registered voice
     pipeline: Pipeline | None = None
     scheduler: Scheduler | None = None
     ready: bool = False
@@ -91,6 +92,9 @@ class ServerState:
             self.voice_store = VoiceStore(s.voice_store_dir, self.pipeline.manifest, writable=s.allow_voice_registration)
             self.prompt_cache = PromptCache(self.voice_store, s.voice_cache_bytes, self._count_lookup)
             self.metrics.registered_voices.set_function(self.voice_store.count)
+            for reason in UNREADABLE_REASONS:
+                self.metrics.voice_store_unreadable.labels(reason).set_function(
+                    lambda reason=reason: self.voice_store.unreadable[reason])
         if s.allow_voice_registration:
             self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency)
         self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)

@@ -43,7 +43,7 @@ def test_registered_on_one_replica_served_by_the_other_then_deleted_there(replic
     without = register(replica_a.url, "globetrotter", encode(speech_like(5.0, 22050, seed=5), 22050, "FLAC"), "g.flac")
     assert with_text.status_code == 201 and without.status_code == 201, (with_text.text, without.text)
     assert {"narrator", "globetrotter"} <= names(replica_b.url)
-    assert httpx.get(replica_b.url + "/v1/audio/voices/narrator", headers=SYNTH).json() == with_text.json()
+    assert httpx.get(replica_b.url + "/v1/audio/voices/narrator", headers=ADMIN).json() == with_text.json()
     for voice in ("narrator", "globetrotter"):
         plain_b, streamed_b = speak(replica_b.url, voice, False), speak(replica_b.url, {"id": voice}, True)
         assert len(plain_b) == len(streamed_b)  # the same speech tokens, decoded whole or in chunks
@@ -76,7 +76,7 @@ def test_the_same_name_registered_on_both_at_once_gives_one_voice(replica_a, rep
     assert codes == [201, 409], [r.text for r in results.values()]
     winner = next(w for w, r in results.items() if r.status_code == 201)
     for url in (replica_a.url, replica_b.url):
-        assert httpx.get(url + "/v1/audio/voices/contested", headers=SYNTH).json()["transcript"] == f"Written through {winner}."
+        assert httpx.get(url + "/v1/audio/voices/contested", headers=ADMIN).json()["transcript"] == f"Written through {winner}."
 
 
 def test_voices_survive_a_restart_and_a_replica_without_registration_serves_them(

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import httpx
 
-API_KEY, REGISTRATION_KEY = "synthesis-key", "registration-key"
+API_KEY, REGISTRATION_KEY, ADMIN_KEY = "synthesis-key", "registration-key", "voice-admin-key"
 SYNTH = {"Authorization": f"Bearer {API_KEY}"}
-ADMIN = {"Authorization": f"Bearer {REGISTRATION_KEY}"}
+ADMIN = {"Authorization": f"Bearer {REGISTRATION_KEY}"}  # the registration key: it manages the voices it registers
+VOICE_ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the admin key: it deletes any registered voice
 
 
 KEYS = {"COSYVOICE_API_KEY": API_KEY, "COSYVOICE_VOICE_REGISTRATION_KEY": REGISTRATION_KEY}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import hmac
 import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import Request
@@ -15,6 +18,9 @@ from .errors import APIError
 
 log = logging.getLogger(__name__)
 RECHECK_S = 1.0  # how often a key file is looked at for a rotation
+ANONYMOUS = "anonymous"  # the owner of voices registered on a server whose registration needs no key
+# A key's fingerprint is a slow hash: voice.json, readable by whoever reads the volume, must not help guess the key.
+_FINGERPRINT_SALT, _FINGERPRINT_ROUNDS = b"cosyvoice voice owner", 100_000
 
 
 class RotatingKey:
@@ -75,6 +81,53 @@ def presented_tokens(values: Sequence[str]) -> list[str]:
     return [_token(v) for v in values]
 
 
+def unauthorized() -> APIError:
+    return APIError(401, "Missing or incorrect API key: send one 'Authorization: Bearer <key>' header.",
+                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+@functools.lru_cache(maxsize=8)
+def key_fingerprint(key: str) -> str:
+    """A stable, non-secret identity of a key (`key:` and 16 hex digits), recorded as the owner of the voices
+    it registers; it changes when the key does."""
+    return "key:" + hashlib.pbkdf2_hmac("sha256", key.encode(), _FINGERPRINT_SALT, _FINGERPRINT_ROUNDS).hex()[:16]
+
+
+@dataclass(frozen=True)
+class VoiceCaller:
+    """What a request may do with registered voices. `register`: register voices, delete its own and read
+    transcripts (the registration key); `admin`: delete any registered voice and read transcripts (the admin
+    key); neither: list and use voices (the API key). `owner`: the identity its registrations record."""
+
+    register: bool = False
+    admin: bool = False
+    owner: str | None = None
+
+    @property
+    def sees_transcripts(self) -> bool:
+        return self.register or self.admin
+
+
+def voice_caller(tokens: Sequence[str], api_key: str | None, registration_key: str | None, admin_key: str | None,
+                 registration_open: bool, owner_name: str | None) -> VoiceCaller | None:
+    """Who a request to /v1/audio/voices is, from its bearer tokens and the keys in force; None: 401.
+
+    Without a key for a role, that role is open to every caller: with no registration key (and
+    `registration_open`) anyone registers as `owner_name` or ANONYMOUS, and with no admin key as well,
+    anyone is admin, as access control is then off. With an API key, a request must present one key."""
+    token = tokens[0] if len(tokens) == 1 else None
+    owner = owner_name or (key_fingerprint(registration_key) if registration_key is not None else ANONYMOUS)
+    if token is not None and admin_key is not None and matches(token, [admin_key]):
+        return VoiceCaller(admin=True)
+    if token is not None and registration_key is not None and matches(token, [registration_key]):
+        return VoiceCaller(register=True, owner=owner)
+    if api_key is not None and not (token is not None and matches(token, [api_key])):
+        return None
+    if registration_open and registration_key is None:
+        return VoiceCaller(register=True, admin=admin_key is None, owner=owner)
+    return VoiceCaller()
+
+
 async def require_api_key(request: Request) -> None:
     """The API key, or the voice registration key (which may do everything the API key may). One
     `Authorization` header: with two, one may be right and the other not, and the server does not pick."""
@@ -84,5 +137,4 @@ async def require_api_key(request: Request) -> None:
     keys = [k.current() for k in (state.api_key, state.registration_key) if k is not None]
     tokens = presented_tokens(request.headers.getlist("authorization"))
     if len(tokens) != 1 or not matches(tokens[0], keys):
-        raise APIError(401, "Missing or incorrect API key: send one 'Authorization: Bearer <key>' header.",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        raise unauthorized()

@@ -114,7 +114,11 @@ class VoiceCard(BaseModel):
     prompt_speech_tokens: int = Field(description="length of the voice's prompt in speech tokens; 0 for an SFT speaker")
     aliases: list[str] = Field(default_factory=list, description="other names that select this voice (e.g. OpenAI's alloy)")
     created_at: int | None = Field(None, description="registered voices: Unix time of registration")
-    transcript: str | None = Field(None, description="registered voices: the clip's transcript, null without one")
+    transcript: str | None = Field(None, description="registered voices: the clip's transcript, null without one; "
+                                   "shown to the registration and admin keys only")
+    owner: str | None = Field(None, description="registered voices: the identity of the key that registered it "
+                              "(never the key), null for a voice registered before owners were recorded; shown to "
+                              "the registration and admin keys only")
     duration_seconds: float | None = Field(None, description="registered voices: length of the clip")
     sample_rate: int | None = Field(None, description="registered voices: the clip's sample rate")
     samples: int | None = Field(None, description="registered voices: the clip's samples (mono)")

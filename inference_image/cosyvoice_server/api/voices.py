@@ -6,8 +6,11 @@
     DELETE /v1/audio/voices/{name}
 
 Registering and deleting need `--allow-voice-registration` and, when a registration key is configured,
-that key (the synthesis key is refused with 403). Feature extraction runs in worker processes at a lower
-CPU priority (voices/worker.py), never on the event loop or beside the stage threads under one GIL; when
+that key (the synthesis key is refused with 403). A voice records its owner, the registering key's
+identity (api/auth.py): only that key, or the admin key, may delete it; a voice with no owner
+(registered before owners were recorded) only the admin key. Transcripts and owners are shown to the
+registration and admin keys only. `--max-voices-per-owner` and `--max-registered-voices` bound the store.
+Feature extraction runs in worker processes at a lower CPU priority (voices/worker.py), never on the event loop or beside the stage threads under one GIL; when
 every worker is busy a registration gets 429 at once. A registration not extracted within the server's
 `voice_registration_timeout_s` (synthesis takes the CPU first) gets 503 and its worker is replaced.
 """
@@ -31,9 +34,9 @@ from starlette.requests import Request as StarletteRequest
 from ..state import ServerState
 from ..voices import clip
 from ..voices.features import ClipError
-from ..voices.store import NAME_PATTERN, VoiceExists, VoiceRecord, valid_name
+from ..voices.store import NAME_PATTERN, UnreadableRecord, VoiceExists, VoiceRecord, valid_name
 from ..voices.worker import ExtractionTimeout
-from .auth import matches, presented_tokens, require_api_key
+from .auth import VoiceCaller, presented_tokens, unauthorized, voice_caller
 from .errors import APIError
 from .openai import ready_or_503, state_of
 from .schemas import ErrorResponse, VoiceCard, VoiceList
@@ -52,7 +55,19 @@ def _errors(**described: str) -> dict[int | str, dict]:
             for status, text in described.items()}
 
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], tags=["voices"],
+def caller_of(request: Request) -> VoiceCaller:
+    """The request's role among the voices (a dependency; 401 when an API key is in force and none is presented)."""
+    s = state_of(request)
+    keys = [None if k is None else k.current() for k in (s.api_key, s.registration_key, s.admin_key)]
+    caller = voice_caller(presented_tokens(request.headers.getlist("authorization")), *keys,
+                          registration_open=s.settings.allow_voice_registration,
+                          owner_name=s.settings.voice_registration_owner)
+    if caller is None:
+        raise unauthorized()
+    return caller
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(caller_of)], tags=["voices"],
                    responses=_errors(e401="An API key is configured and `Authorization: Bearer <key>` is missing or wrong",
                                      e503="The model is loading or the server is draining; retry shortly"))
 
@@ -69,30 +84,59 @@ def _card(s: ServerState, voice) -> VoiceCard:
 def _registered_card(rec: VoiceRecord) -> VoiceCard:
     return VoiceCard(id=rec.name, name=rec.name, type="registered", mode=rec.mode,
                      prompt_speech_tokens=rec.prompt_speech_tokens, created_at=rec.created_at, transcript=rec.transcript,
-                     duration_seconds=rec.duration_seconds, sample_rate=rec.sample_rate, samples=rec.samples)
+                     duration_seconds=rec.duration_seconds, sample_rate=rec.sample_rate, samples=rec.samples,
+                     owner=rec.owner)
+
+
+def _hidden(caller: VoiceCaller) -> set[str] | None:
+    """The card fields `caller` may not see: a transcript is what a speaker said, personal data for the keys
+    that manage voices, not for every client that synthesizes."""
+    return None if caller.sees_transcripts else {"transcript", "owner"}
 
 
 @router.get("/audio/voices", responses={200: {"model": VoiceList}})
-async def list_voices(request: Request) -> JSONResponse:
+async def list_voices(request: Request, caller: VoiceCaller = Depends(caller_of)) -> JSONResponse:
     s = state_of(request)
     ready_or_503(s)
     voices = [_card(s, v) for v in s.pipeline.voices.values()]
     if s.voice_store is not None:
         voices += [_registered_card(r) for r in await asyncio.to_thread(s.voice_store.records)]
-    return JSONResponse(VoiceList(default=s.pipeline.manifest.voices.default, voices=voices).model_dump())
+    listing = VoiceList(default=s.pipeline.manifest.voices.default, voices=voices)
+    hidden = _hidden(caller)
+    return JSONResponse(listing.model_dump(exclude=hidden and {"voices": {"__all__": hidden}}))
 
 
-@router.get("/audio/voices/{name}", responses={200: {"model": VoiceCard}, **_errors(e404="No voice of that name")})
-async def get_voice(request: Request, name: str) -> JSONResponse:
+@router.get("/audio/voices/{name}", responses={200: {"model": VoiceCard}, **_errors(
+    e404="No voice of that name", e500="The voice is in the store but its record cannot be read (code "
+    "`voice_unreadable`; the message says why); it is left out of the listing")})
+async def get_voice(request: Request, name: str, caller: VoiceCaller = Depends(caller_of)) -> JSONResponse:
     s = state_of(request)
     ready_or_503(s)
     bundled = s.voice(name)
     if bundled is not None:
-        return JSONResponse(_card(s, s.pipeline.voices[bundled]).model_dump())
-    rec = await asyncio.to_thread(s.voice_store.record, name) if s.voice_store is not None else None
+        return JSONResponse(_card(s, s.pipeline.voices[bundled]).model_dump(exclude=_hidden(caller)))
+    rec = await _record(s, name)
     if rec is None:
         raise _not_found(name)
-    return JSONResponse(_registered_card(rec).model_dump())
+    return JSONResponse(_registered_card(rec).model_dump(exclude=_hidden(caller)))
+
+
+async def _record(s: ServerState, name: str) -> VoiceRecord | None:
+    """A registered voice's record, None if there is none; a damaged one is the server's 500, said plainly."""
+    if s.voice_store is None:
+        return None
+    try:
+        return await asyncio.to_thread(s.voice_store.record, name)
+    except UnreadableRecord as exc:
+        raise APIError(500, f"The voice '{name}' is in the voice store but its record cannot be read ({exc.detail}); "
+                       "it is left out of the listing until an operator repairs it or the admin key deletes it.",
+                       type="server_error", param="name", code="voice_unreadable") from None
+
+
+def _not_owner(name: str, why: str) -> APIError:
+    return APIError(403, f"The voice '{name}' is not this key's to delete: {why}. Only the key that registered a "
+                    "voice, or the voice admin key, may delete it.", type="permission_error", param="name",
+                    code="not_voice_owner")
 
 
 def _not_found(name: str) -> APIError:
@@ -100,32 +144,60 @@ def _not_found(name: str) -> APIError:
                     code="voice_not_found")
 
 
-def require_registration(request: Request) -> None:
-    """Registration is on, and the caller holds the registration key when one is configured."""
-    s = state_of(request)
-    if not s.settings.allow_voice_registration:
+def _registration_on(request: Request) -> None:
+    if not state_of(request).settings.allow_voice_registration:
         raise APIError(403, "Voice registration is off on this server (start it with --allow-voice-registration).",
                        type="permission_error", code="voice_registration_disabled")
-    if s.registration_key is None:
-        return
-    tokens = presented_tokens(request.headers.getlist("authorization"))
-    if len(tokens) != 1 or not matches(tokens[0], [s.registration_key.current()]):
-        raise APIError(403, "This key may synthesize speech but not register or delete voices; use the voice "
-                       "registration key.", type="permission_error", code="insufficient_scope")
 
 
-@router.delete("/audio/voices/{name}", dependencies=[Depends(require_registration)],
-               responses={**_SCOPE_ERRORS, **_errors(e404="No registered voice of that name",
-                                                     e409="A bundled voice or alias (cannot be deleted)")})
-async def delete_voice(request: Request, name: str) -> JSONResponse:
+def _insufficient_scope(message: str) -> APIError:
+    return APIError(403, message, type="permission_error", code="insufficient_scope")
+
+
+def require_registration(request: Request, caller: VoiceCaller = Depends(caller_of)) -> None:
+    """Registration is on, and the caller holds the registration key when one is configured."""
+    _registration_on(request)
+    if caller.admin and not caller.register:
+        raise _insufficient_scope("The voice admin key deletes voices but does not register them; use the voice "
+                                  "registration key.")
+    if not caller.register:
+        raise _insufficient_scope("This key may synthesize speech but not register or delete voices; use the voice "
+                                  "registration key.")
+
+
+def require_deletion(request: Request, caller: VoiceCaller = Depends(caller_of)) -> None:
+    """Registration is on, and the caller holds the registration key (for its own voices) or the admin key."""
+    _registration_on(request)
+    if not (caller.register or caller.admin):
+        raise _insufficient_scope("This key may synthesize speech but not register or delete voices; use the voice "
+                                  "registration key (for the voices it registered) or the voice admin key.")
+
+
+@router.delete("/audio/voices/{name}", dependencies=[Depends(require_deletion)],
+               responses={**_errors(e403="Voice registration is off on this server, the key is neither the "
+                                         "registration nor the admin key (`insufficient_scope`), or the voice is "
+                                         "not the registration key's own (`not_voice_owner`)",
+                                    e404="No registered voice of that name",
+                                    e409="A bundled voice or alias (cannot be deleted)")})
+async def delete_voice(request: Request, name: str, caller: VoiceCaller = Depends(caller_of)) -> JSONResponse:
     s = state_of(request)
     ready_or_503(s)
     if s.voice(name) is not None:
         raise APIError(409, f"'{name}' is bundled with the model; only registered voices can be deleted.",
                        param="name", code="bundled_voice")
+    if not caller.admin:
+        try:
+            rec = await asyncio.to_thread(s.voice_store.record, name)
+        except UnreadableRecord:
+            raise _not_owner(name, "its record cannot be read, so its owner is unknown") from None
+        if rec is None:
+            raise _not_found(name)
+        if rec.owner != caller.owner:
+            raise _not_owner(name, "it was registered before voices had owners" if rec.owner is None
+                             else "another key registered it")
     if not await asyncio.to_thread(s.voice_store.delete, name):
         raise _not_found(name)
-    log.info("voice %s deleted", name)
+    log.info("voice %s deleted by %s", name, "the admin key" if caller.admin else caller.owner)
     return JSONResponse({"id": name, "object": "voice.deleted", "deleted": True})
 
 
@@ -140,14 +212,16 @@ async def delete_voice(request: Request, name: str) -> JSONResponse:
                            "without it the voice is cross-lingual"}}}}}}},
     responses={201: {"model": VoiceCard}, **_SCOPE_ERRORS, **_errors(
         e400="A missing or invalid field (`param` names it) or a clip that cannot make a voice (`code` says why)",
-        e409="The name is taken (by a registered or a bundled voice)",
+        e409="The name is taken (by a registered or a bundled voice, `voice_exists`), the key's owner has "
+             "`max_voices_per_owner` voices (`voice_quota_exceeded`) or the store `max_registered_voices` "
+             "(`voice_store_full`)",
         e413="The upload is over the server's limit",
         e415="The body is not multipart/form-data",
         e429="Every registration slot is busy; `Retry-After` says when to retry",
         e503="The model is loading, the server is draining, the extraction process stopped, or the voice was not "
              "extracted within the server's registration timeout (nothing stored); `Retry-After` says when to retry")},
 )
-async def register_voice(request: Request) -> JSONResponse:
+async def register_voice(request: Request, caller: VoiceCaller = Depends(caller_of)) -> JSONResponse:
     s = state_of(request)
     started = time.monotonic()
     form = None
@@ -155,6 +229,7 @@ async def register_voice(request: Request) -> JSONResponse:
         ready_or_503(s)
         form = await _form(request, s.settings.max_voice_upload_bytes)
         name, upload, transcript = await _fields(s, form)
+        await asyncio.to_thread(_check_room, s, caller.owner)
         pool = s.extraction
         if pool.busy >= pool.size:
             raise APIError(429, f"{pool.busy} voice registration(s) are already extracting features on this replica; "
@@ -162,7 +237,7 @@ async def register_voice(request: Request) -> JSONResponse:
         pool.busy += 1
         deadline = time.monotonic() + s.settings.voice_registration_timeout_s
         try:
-            rec = await asyncio.to_thread(_register, s, name, upload, transcript, deadline)
+            rec = await asyncio.to_thread(_register, s, name, upload, transcript, deadline, owner=caller.owner)
         finally:
             pool.busy -= 1
     except APIError as exc:
@@ -249,7 +324,21 @@ async def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
     return name, upload, transcript
 
 
-def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None, deadline: float) -> VoiceRecord:
+def _check_room(s: ServerState, owner: str | None) -> None:
+    """Refuses a registration the quotas leave no room for (blocking: reads every record). Checked before the
+    extraction and again before the write; registrations on several replicas at once may each pass it."""
+    total, owned = s.voice_store.usage(owner)
+    quota, cap = s.settings.max_voices_per_owner, s.settings.max_registered_voices
+    if owned >= quota:
+        raise APIError(409, f"This key has registered {owned} voices, the most one owner may have ({quota}); delete "
+                       "one of them first.", code="voice_quota_exceeded")
+    if total >= cap:
+        raise APIError(409, f"The voice store holds {total} voices, the most this server allows ({cap}); delete one "
+                       "first, or ask the operator to raise max_registered_voices.", code="voice_store_full")
+
+
+def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None, deadline: float, *,
+              owner: str | None) -> VoiceRecord:
     """Decodes, extracts (by `deadline`, time.monotonic()) and stores one voice (in a registration thread).
     Any failure leaves the store as it was."""
     upload.file.seek(0)
@@ -274,7 +363,8 @@ def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | N
                       created_at=int(time.time()), model=s.pipeline.manifest.name,
                       duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=len(c.audio),
                       format=c.format, prompt_speech_tokens=len(voice.prompt_speech_tokens),
-                      sha256=hashlib.sha256(data).hexdigest())
+                      sha256=hashlib.sha256(data).hexdigest(), owner=owner)
+    _check_room(s, owner)  # others registered meanwhile
     try:
         s.voice_store.add(rec, voice)
     except VoiceExists:
