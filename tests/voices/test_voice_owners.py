@@ -18,7 +18,7 @@ from cosyvoice_server.config import ConfigError, Settings
 
 OTHER_KEY = "other-registration-key"
 OTHER = {"Authorization": f"Bearer {OTHER_KEY}"}  # a second service's registration key on the same store
-LIMITS = ("--max-voices-per-owner", "2", "--max-registered-voices", "3")
+LIMITS = {"COSYVOICE_MAX_VOICES_PER_OWNER": "2", "COSYVOICE_MAX_REGISTERED_VOICES": "3"}
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def store(tmp_path_factory):
 
 
 def _server(server_process, tmp, store, registration_key):
-    env = KEYS | {"COSYVOICE_VOICE_REGISTRATION_KEY": registration_key, "COSYVOICE_VOICE_ADMIN_KEY": ADMIN_KEY}
-    return server_process(tmp, "--voice-store-dir", str(store), "--allow-voice-registration", *LIMITS, env=env)
+    env = KEYS | LIMITS | {"COSYVOICE_VOICE_REGISTRATION_KEY": registration_key, "COSYVOICE_VOICE_ADMIN_KEY": ADMIN_KEY}
+    return server_process(tmp, "--voice-store-dir", str(store), "--allow-voice-registration", env=env)
 
 
 @pytest.fixture(scope="module")
