@@ -74,6 +74,7 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         if state.extraction:
             state.extraction.close()
         if state.text:
+        state.close_executors()
             state.text.close()
 
     # No trailing-slash redirects: Starlette builds their Location from the client's Host header.
@@ -99,7 +100,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
 
     @app.get("/readyz", tags=["probes"])
     async def readyz() -> JSONResponse:
-        """Readiness: 200 only once the model is loaded and warmed up, 503 while loading or draining."""
+        """Readiness: 200 only once the model is loaded and warmed up, 503 while loading or draining, or while voice
+        registration is on and no extraction worker can be started."""
         if state.draining:
             return JSONResponse({"status": "draining", "inflight": state.scheduler.inflight}, status_code=503)
         if not state.ready:
@@ -108,6 +110,9 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         return JSONResponse({"status": "ready", "model": state.model_id, "device": state.pipeline.runtime.device,
                              "precision": state.pipeline.precision, "inflight": state.scheduler.inflight})
 
+        if state.extraction and (why := state.extraction.unavailable):  # registration is on and cannot work
+            return JSONResponse({"status": "degraded", "error": f"no voice extraction worker can start: {why}"},
+                                status_code=503)
     for path, probe in (("/healthz", healthz), ("/readyz", readyz)):  # uptime checkers often probe with HEAD
         app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 

@@ -71,9 +71,17 @@ class Settings(BaseModel):
     voice_registration_concurrency: int = Field(1, ge=1, le=64, description="voice registrations extracting features at "
                                                 "once, each in a worker process at a lower CPU priority; more get 429")
     voice_registration_timeout_s: float = Field(60.0, gt=0, le=3600, description="a voice registration not "
-                                                "extracted within this long of its upload arriving (waiting for a "
-                                                "worker included) gets 503 with Retry-After and nothing is stored; "
-                                                "its worker is replaced")
+                                                "decoded and extracted within this long of its upload arriving "
+                                                "(waiting for a worker included) gets 503 with Retry-After and "
+                                                "nothing is stored; its worker is replaced")
+    voice_worker_memory_mib: int = Field(1024, ge=64, le=65_536, description="address space (RLIMIT_AS) each "
+                                         "voice extraction worker may add to what it holds once its model is "
+                                         "loaded, for decoding and analysing one clip (a 30 s clip at 192 kHz "
+                                         "needs under 300 MiB); a clip that needs more gets 400 audio_too_complex "
+                                         "and a worker that keeps over half of it after an extraction is replaced")
+    audio_encoder_threads: int = Field(4, ge=1, le=64, description="threads that encode compressed response "
+                                       "audio (mp3, opus, aac, flac) off the event loop, used by nothing else: "
+                                       "voice registrations and store reads cannot hold them up")
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")

@@ -72,6 +72,13 @@ class Metrics:
             "cosyvoice_stream_sessions", "WebSocket speech sessions ended, by reason (done, client_closed, or the "
             "error code sent: idle_timeout, slow_consumer, server_overloaded, ...).", ["reason"], registry=r)
         self.stream_ttfa = Histogram(
+        self.voice_extraction_workers = Gauge(
+            "cosyvoice_voice_extraction_workers", "Voice extraction worker processes running (fewer than "
+            "voice_registration_concurrency while replacements start; 0 for long: registration is down, and /readyz "
+            "says why).", registry=r)
+        self.voice_extraction_replacements = Counter(
+            "cosyvoice_voice_extraction_worker_replacements", "Voice extraction workers replaced, by reason (timeout, "
+            "died, memory, leak, error).", ["reason"], registry=r)
             "cosyvoice_stream_text_to_first_audio_seconds", "Time from a session's first text to its first audio "
             "sent.", buckets=LATENCY_BUCKETS, registry=r)
         self.stream_audio_lag = Histogram(

@@ -1,8 +1,8 @@
 """Runs the app under uvicorn with a draining shutdown.
 
 On SIGTERM (what Kubernetes sends after preStop) the server keeps listening but turns /readyz and
-new speech requests to 503, lets every accepted request finish within `drain_timeout_s`, answers
-the ones still running then with a 503, and exits 0. A second signal exits at once.
+new speech requests to 503, lets every accepted request (and voice registration) finish within
+`drain_timeout_s`, answers the ones still running then with a 503, and exits 0. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self, app_state) -> None:
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        while not app_state.scheduler.idle() and time.monotonic() < deadline:
+        pool = app_state.extraction
+        while (not app_state.scheduler.idle() or (pool and pool.busy)) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if pool:  # registrations still extracting or waiting for a worker are answered 503 now
+            pool.close()
         left = app_state.scheduler.abort_all(Outcome.SHUTDOWN, "the drain timeout passed")
         if left:
             # Their handlers now answer 503 in OpenAI's shape (or end their streams with an error

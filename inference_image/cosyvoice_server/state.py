@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +72,21 @@ class ServerState:
     prompt_cache: PromptCache | None = None
     extraction: ExtractionPool | None = None  # voice feature extraction, while registration is allowed
     text: TextWorkers | None = None  # request text normalization, once loaded
+    # Blocking work off the event loop, each kind on threads of its own, never the loop's default executor:
+    # registrations wait for an extraction worker for up to their deadline, and while the default executor's
+    # few threads (cores + 4) were all held by them, compressed responses could not be encoded.
+    encoders: ThreadPoolExecutor = field(init=False)
+    registrations: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.encoders = ThreadPoolExecutor(self.settings.audio_encoder_threads, thread_name_prefix="audio-encoder")
+        # one per registration that may run (more get 429 before they need one)
+        self.registrations = ThreadPoolExecutor(self.settings.voice_registration_concurrency,
+                                                thread_name_prefix="voice-registration")
+
+    def close_executors(self) -> None:
+        for executor in (self.encoders, self.registrations):
+            executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def model_id(self) -> str:
@@ -96,7 +112,9 @@ class ServerState:
                 self.metrics.voice_store_unreadable.labels(reason).set_function(
                     lambda reason=reason: self.voice_store.unreadable[reason])
         if s.allow_voice_registration:
-            self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency)
+            self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency, s.voice_worker_memory_mib,
+                                             lambda reason: self.metrics.voice_extraction_replacements.labels(reason).inc())
+            self.metrics.voice_extraction_workers.set_function(lambda: self.extraction.live)
         self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20))), self.metrics)

@@ -273,7 +273,7 @@ async def create_speech(request: Request) -> Response:
         s.record(500, started)
         raise APIError(500, f"Synthesis failed: {item.message}.", type="server_error", code="internal_error")
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-    data = await _encoded(body.response_format, encode, audio, s.pipeline.sample_rate, body.response_format)
+    data = await _encoded(s, body.response_format, encode, audio, s.pipeline.sample_rate, body.response_format)
     s.record(200, started)
     headers |= {"X-Speech-Tokens": str(len(req.tokens)), "X-Audio-Duration-Seconds": f"{len(audio) / s.pipeline.sample_rate:.3f}"}
     if req.first_audio_at is not None:
@@ -281,11 +281,12 @@ async def create_speech(request: Request) -> Response:
     return Response(data, media_type=FORMATS[body.response_format].media_type, headers=headers)
 
 
-async def _encoded(fmt: str, fn, *args) -> bytes:
-    """Compressed formats encode off the event loop (milliseconds per second of audio), so other streams keep flowing."""
+async def _encoded(s: ServerState, fmt: str, fn, *args) -> bytes:
+    """Compressed formats encode off the event loop (milliseconds per second of audio), so other streams keep
+    flowing, on the encoders' own threads (state.py)."""
     if FORMATS[fmt].muxer is None:
         return fn(*args)
-    return await asyncio.to_thread(fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(s.encoders, fn, *args)
 
 
 def _sse(event: dict) -> bytes:
@@ -320,13 +321,13 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
     try:
         pending, item = enc.header(), first
         while not isinstance(item, Done):
-            data = pending + await _encoded(enc.fmt, enc.chunk, item)
+            data = pending + await _encoded(s, enc.fmt, enc.chunk, item)
             pending = b""
             if data:
                 yield out(data)
             item = await _next(req, None)
         outcome = item.outcome
-        tail = pending + await _encoded(enc.fmt, enc.close)
+        tail = pending + await _encoded(s, enc.fmt, enc.close)
         if tail:
             yield out(tail)
         if outcome in (Outcome.FAILED, Outcome.SHUTDOWN):

@@ -10,18 +10,21 @@ that key (the synthesis key is refused with 403). A voice records its owner, the
 identity (api/auth.py): only that key, or the admin key, may delete it; a voice with no owner
 (registered before owners were recorded) only the admin key. Transcripts and owners are shown to the
 registration and admin keys only. `--max-voices-per-owner` and `--max-registered-voices` bound the store.
-Feature extraction runs in worker processes at a lower CPU priority (voices/worker.py), never on the event loop or beside the stage threads under one GIL; when
-every worker is busy a registration gets 429 at once. A registration not extracted within the server's
-`voice_registration_timeout_s` (synthesis takes the CPU first) gets 503 and its worker is replaced.
+The clip is decoded and its features extracted in worker processes at a lower CPU priority and under an
+address-space limit (voices/worker.py), never in the server process; when every worker is busy a
+registration gets 429 at once. A registration not extracted within the server's
+`voice_registration_timeout_s` (synthesis takes the CPU first) gets 503 and its worker is replaced. The
+server's part (store checks, waiting for the worker, the write) runs on threads of its own
+(`state.registrations`), never the event loop's default executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
-from concurrent.futures.process import BrokenProcessPool
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -35,7 +38,7 @@ from ..state import ServerState
 from ..voices import clip
 from ..voices.features import ClipError
 from ..voices.store import NAME_PATTERN, UnreadableRecord, VoiceExists, VoiceRecord, valid_name
-from ..voices.worker import ExtractionTimeout
+from ..voices.worker import ExtractionFailed, ExtractionTimeout, PoolClosed, WorkerDied
 from .auth import VoiceCaller, presented_tokens, unauthorized, voice_caller
 from .errors import APIError
 from .openai import ready_or_503, state_of
@@ -207,17 +210,21 @@ async def delete_voice(request: Request, name: str, caller: VoiceCaller = Depend
         "type": "object", "required": ["name", "audio"], "properties": {
             "name": {"type": "string", "pattern": f"^{NAME_PATTERN}$", "description": "the voice's name in requests"},
             "audio": {"type": "string", "format": "binary", "description": f"a mono clip of {clip.MIN_SECONDS:g}-"
-                      f"{clip.MAX_SECONDS:g} s at 16 kHz or more: wav, flac, mp3 or ogg"},
+                      f"{clip.MAX_SECONDS:g} s at {clip.MIN_SAMPLE_RATE // 1000}-{clip.MAX_SAMPLE_RATE // 1000} kHz: wav, "
+                      "flac, mp3 or ogg"},
             "transcript": {"type": "string", "maxLength": MAX_TRANSCRIPT_CHARS, "description": "what the clip says; "
                            "without it the voice is cross-lingual"}}}}}}},
     responses={201: {"model": VoiceCard}, **_SCOPE_ERRORS, **_errors(
-        e400="A missing or invalid field (`param` names it) or a clip that cannot make a voice (`code` says why)",
+        e400="A missing or invalid field (`param` names it) or a clip or transcript that cannot make a voice (`code` "
+             "says why)",
         e409="The name is taken (by a registered or a bundled voice, `voice_exists`), the key's owner has "
              "`max_voices_per_owner` voices (`voice_quota_exceeded`) or the store `max_registered_voices` "
              "(`voice_store_full`)",
         e413="The upload is over the server's limit",
         e415="The body is not multipart/form-data",
         e429="Every registration slot is busy; `Retry-After` says when to retry",
+        e500="The voice store could not be written, or the extraction failed for a reason not the clip's (nothing "
+             "stored)",
         e503="The model is loading, the server is draining, the extraction process stopped, or the voice was not "
              "extracted within the server's registration timeout (nothing stored); `Retry-After` says when to retry")},
 )
@@ -228,16 +235,16 @@ async def register_voice(request: Request, caller: VoiceCaller = Depends(caller_
     try:
         ready_or_503(s)
         form = await _form(request, s.settings.max_voice_upload_bytes)
-        name, upload, transcript = await _fields(s, form)
-        await asyncio.to_thread(_check_room, s, caller.owner)
+        name, upload, transcript = _fields(s, form)
         pool = s.extraction
         if pool.busy >= pool.size:
             raise APIError(429, f"{pool.busy} voice registration(s) are already extracting features on this replica; "
                            "retry shortly.", type="rate_limit_error", code="registration_busy", headers={"Retry-After": "1"})
-        pool.busy += 1
+        pool.busy += 1  # so at most `size` run, each on one of state.registrations' `size` threads
         deadline = time.monotonic() + s.settings.voice_registration_timeout_s
         try:
-            rec = await asyncio.to_thread(_register, s, name, upload, transcript, deadline, owner=caller.owner)
+            rec = await asyncio.get_running_loop().run_in_executor(
+                s.registrations, functools.partial(_register, s, name, upload, transcript, deadline, owner=caller.owner))
         finally:
             pool.busy -= 1
     except APIError as exc:
@@ -294,7 +301,7 @@ def _too_large(limit: int, declared: int | None) -> APIError:
                     param="audio", code="request_too_large")
 
 
-async def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
+def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
     name = form.get("name")
     if name is None:
         raise APIError(400, "Missing required parameter: 'name'.", param="name", code="missing_required_parameter")
@@ -304,9 +311,6 @@ async def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
                        "starting with a letter or digit.", param="name", code="invalid_voice_name")
     if s.voice(name) is not None:
         raise APIError(409, f"'{name}' is a bundled voice or alias; registered voices cannot replace it.",
-                       param="name", code="voice_exists")
-    if await asyncio.to_thread(s.voice_store.exists, name):
-        raise APIError(409, f"A voice named '{name}' is already registered; delete it first or pick another name.",
                        param="name", code="voice_exists")
     upload = form.get("audio")
     if upload is None:
@@ -339,29 +343,38 @@ def _check_room(s: ServerState, owner: str | None) -> None:
 
 def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None, deadline: float, *,
               owner: str | None) -> VoiceRecord:
-    """Decodes, extracts (by `deadline`, time.monotonic()) and stores one voice (in a registration thread).
-    Any failure leaves the store as it was."""
+    """Checks the store, decodes and extracts (in a worker, by `deadline`, time.monotonic()) and stores one
+    voice (in a registration thread). Any failure leaves the store as it was."""
+    if s.voice_store.exists(name):
+        raise APIError(409, f"A voice named '{name}' is already registered; delete it first or pick another name.",
+                       param="name", code="voice_exists")
+    _check_room(s, owner)
     upload.file.seek(0)
     data = upload.file.read()
     try:
-        c = clip.decode(data, upload.filename, upload.content_type)
-        voice = s.extraction.extract(c.audio, c.sample_rate, transcript, name, deadline)
+        voice, c = s.extraction.register(data, upload.filename, upload.content_type, transcript, name, deadline)
     except (clip.ClipRejected, ClipError) as exc:
-        raise APIError(400, getattr(exc, "message", str(exc)), param=getattr(exc, "param", "audio"),
-                       code=getattr(exc, "code", "invalid_audio")) from None
+        raise APIError(400, exc.message, param=exc.param, code=exc.code) from None
     except ExtractionTimeout:
         limit = s.settings.voice_registration_timeout_s
         log.warning("voice %s: not extracted within %g s; nothing stored", name, limit)
         raise APIError(503, f"The voice could not be extracted within {limit:g} s: the server's CPU is busy with "
                        "synthesis, which comes first. Nothing was stored; retry later.", type="server_error",
                        code="registration_timeout", headers={"Retry-After": str(TIMEOUT_RETRY_AFTER_S)}) from None
-    except BrokenProcessPool:
+    except WorkerDied:
         raise APIError(503, "The voice feature extraction process stopped (see the server log); a fresh one is "
                        "starting: retry.", type="server_error", code="registration_unavailable",
                        headers={"Retry-After": "1"}) from None
+    except PoolClosed:
+        raise APIError(503, "The server is shutting down; nothing was stored. Retry on another replica.",
+                       type="server_error", code="shutting_down", headers={"Retry-After": "1"}) from None
+    except ExtractionFailed as exc:
+        log.error("voice %s: extraction failed: %s", name, exc)
+        raise APIError(500, f"The voice could not be extracted ({exc}); nothing was stored.", type="server_error",
+                       code="extraction_failed") from None
     rec = VoiceRecord(name=name, mode="zero_shot" if transcript else "cross_lingual", transcript=transcript,
                       created_at=int(time.time()), model=s.pipeline.manifest.name,
-                      duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=len(c.audio),
+                      duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=c.samples,
                       format=c.format, prompt_speech_tokens=len(voice.prompt_speech_tokens),
                       sha256=hashlib.sha256(data).hexdigest(), owner=owner)
     _check_room(s, owner)  # others registered meanwhile

@@ -1,7 +1,12 @@
 """Uploaded reference clips: decoded by their content, checked against what a voice prompt needs.
 
 Everything here is pure (bytes in, samples or a ClipRejected out) so each refusal is testable alone;
-the HTTP layer turns a ClipRejected into a 400 in OpenAI's error shape.
+the HTTP layer turns a ClipRejected into a 400 in OpenAI's error shape. It runs in the extraction worker
+(voices/worker.py), under that process's address-space limit, never in the server process.
+
+Only the containers named in SUPPORTED reach libsndfile: the first bytes must be a RIFF/RF64 WAVE, fLaC,
+OggS or MP3 (ID3 tag or frame sync) header, so none of libsndfile's other parsers (AIFF, CAF, AU, PAF,
+SD2, ...) ever reads an upload.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from .features import TOKENIZER_RATE as MIN_SAMPLE_RATE  # the encoders' rate: u
 
 # Shorter than a second gives the speech tokenizer too little to describe a voice.
 MIN_SECONDS = 1.0
+# Studio rates go up to 192 kHz; above it a clip is 30 s of a few hundred MB for nothing a voice needs.
+MAX_SAMPLE_RATE = 192_000
+# Float WAV may go a little over full scale; far beyond it the samples are not audio (1e19 overflowed the
+# fbank's float32 power into an infinite speaker embedding).
+MAX_PEAK = 4.0  # +12 dBFS
 # The loudest 20 ms window must reach this: below it the clip is silence or hum, not a voice.
 SILENCE_DBFS = -50.0
 SUPPORTED = ("wav", "flac", "mp3", "ogg")
@@ -33,6 +43,8 @@ _MEDIA_TYPES = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "
                 "audio/x-pn-wav": "wav", "audio/flac": "flac", "audio/x-flac": "flac", "audio/mpeg": "mp3",
                 "audio/mp3": "mp3", "audio/mpeg3": "mp3", "audio/x-mpeg-3": "mp3", "audio/ogg": "ogg",
                 "audio/opus": "ogg", "audio/vorbis": "ogg", "application/ogg": "ogg"}
+# Other containers named in the refusal instead of "corrupt" (their parsers never run).
+_FOREIGN = {b"FORM": "AIFF", b"caff": "CAF", b".snd": "AU", b"\x1aE\xdf\xa3": "WebM/Matroska", b"0&\xb2u": "WMA"}
 # Media types that declare nothing about the format.
 _UNDECLARED = {"", "application/octet-stream", "audio/*", "binary/octet-stream"}
 
@@ -46,6 +58,21 @@ class ClipRejected(ValueError):
         self.code = code
         self.param = param
 
+    def __reduce__(self):  # raised in the extraction worker, re-raised in the server
+        return type(self), (self.message, self.code, self.param)
+
+
+@dataclass(frozen=True)
+class ClipFacts:
+    """What the voice record keeps of the clip (what the extraction worker sends back with the voice)."""
+    sample_rate: int
+    samples: int
+    format: str
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / self.sample_rate
+
 
 @dataclass(frozen=True)
 class Clip:
@@ -56,6 +83,10 @@ class Clip:
     @property
     def seconds(self) -> float:
         return len(self.audio) / self.sample_rate
+
+    @property
+    def facts(self) -> ClipFacts:
+        return ClipFacts(self.sample_rate, len(self.audio), self.format)
 
 
 def declared_format(filename: str | None, media_type: str | None) -> str | None:
@@ -79,15 +110,20 @@ def decode(data: bytes, filename: str | None = None, media_type: str | None = No
     if declared is not None and declared not in SUPPORTED:
         raise ClipRejected(f"Audio declared as {declared!r} is not supported; send {', '.join(SUPPORTED)}.",
                            "unsupported_audio_format")
+    content = sniff(data)
+    if content not in SUPPORTED:
+        if content is not None:
+            raise ClipRejected(f"{content} audio is not supported; send {', '.join(SUPPORTED)}.",
+                               "unsupported_audio_format")
+        raise ClipRejected("The audio could not be decoded: it is corrupt or not WAV, FLAC, MP3 or Ogg audio.",
+                           "invalid_audio")
     try:
         info = sf.info(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, ValueError):
-        raise ClipRejected("The audio could not be decoded: it is corrupt or not WAV, FLAC, MP3 or Ogg audio.",
-                           "invalid_audio") from None
-    content = _CONTENT.get(info.format)
-    if content is None:
-        raise ClipRejected(f"{info.format} audio is not supported; send {', '.join(SUPPORTED)}.",
-                           "unsupported_audio_format")
+        info = None
+    if info is None or _CONTENT.get(info.format) != content:
+        raise ClipRejected(f"The audio could not be decoded: it starts as {content.upper()} but is corrupt.",
+                           "invalid_audio")
     if declared is not None and declared != content:
         named = f"named {os.path.splitext(filename or '')[1]}" if os.path.splitext(filename or "")[1] else f"sent as {media_type}"
         raise ClipRejected(f"The file is {named} but its content is {content.upper()}; send it under its own "
@@ -98,6 +134,9 @@ def decode(data: bytes, filename: str | None = None, media_type: str | None = No
     if info.samplerate < MIN_SAMPLE_RATE:
         raise ClipRejected(f"The clip is sampled at {info.samplerate} Hz; voices need at least {MIN_SAMPLE_RATE} Hz "
                            "(record at 16 kHz or more; upsampling does not add the missing voice).", "sample_rate_too_low")
+    if info.samplerate > MAX_SAMPLE_RATE:
+        raise ClipRejected(f"The clip is sampled at {info.samplerate} Hz; the most a voice clip may have is "
+                           f"{MAX_SAMPLE_RATE} Hz (e.g. `ffmpeg -i clip.wav -ar 48000 clip48k.wav`).", "sample_rate_too_high")
     _check_length(info.frames / info.samplerate)  # from the header, before decoding a long file
     try:
         audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True,
@@ -107,11 +146,30 @@ def decode(data: bytes, filename: str | None = None, media_type: str | None = No
     audio = np.ascontiguousarray(audio[:, 0])
     if not np.isfinite(audio).all():
         raise ClipRejected("The audio holds non-finite samples (NaN or infinity); it is corrupt.", "invalid_audio")
+    if (peak := float(np.abs(audio).max(initial=0.0))) > MAX_PEAK:
+        raise ClipRejected(f"The audio's samples reach {peak:.3g} times full scale (the most is {MAX_PEAK:g}); it is "
+                           "not a recording at a usable level: normalize it to [-1, 1].", "audio_out_of_range")
     _check_length(len(audio) / rate)  # headers (mp3 especially) may misstate the length
     if loudest_dbfs(audio, rate) < SILENCE_DBFS:
         raise ClipRejected("The clip is silent (no 20 ms of it is louder than "
                            f"{SILENCE_DBFS:g} dBFS); send a recording of the voice.", "audio_silent")
     return Clip(audio, int(rate), content)
+
+
+def sniff(data: bytes) -> str | None:
+    """The container its first bytes announce: one of SUPPORTED, another container's name, or None."""
+    head = data[:12]
+    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return "mp3"
+    if head[4:8] == b"ftyp":
+        return "MP4/M4A"
+    return _FOREIGN.get(head[:4])
 
 
 def _check_length(seconds: float) -> None:

@@ -35,7 +35,15 @@ KALDI_FRAME = 400  # one 25 ms Kaldi frame at 16 kHz: the shortest clip the fban
 
 
 class ClipError(ValueError):
-    """The clip cannot be turned into a voice; the message says why, in words for the API's user."""
+    """The clip (or its transcript: `param`) cannot be turned into a voice; the message says why, in words for
+    the API's user, and `code` is the stable machine-readable reason."""
+
+    def __init__(self, message: str, code: str = "invalid_audio", param: str = "audio") -> None:
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
+
+    def __reduce__(self):  # raised in the extraction worker, re-raised in the server
+        return type(self), (self.message, self.code, self.param)
 
 
 def _session(path: Path, threads: int) -> ort.InferenceSession:
@@ -102,7 +110,7 @@ class PromptEncoder:
             text = self.prompt_text(transcript)
             if not len(text):
                 raise ClipError("The transcript has no words after normalization; give the words spoken in the clip, "
-                                "or leave the transcript out for a cross-lingual voice.")
+                                "or leave the transcript out for a cross-lingual voice.", "invalid_transcript", "transcript")
         audio16k = spectral.resample(audio, sample_rate, TOKENIZER_RATE)
         tokens = self.speech_tokens(audio16k)
         mel = spectral.prompt_mel(spectral.resample(audio, sample_rate, m.sample_rate), m.sample_rate,

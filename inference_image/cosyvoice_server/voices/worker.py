@@ -22,18 +22,30 @@ the child keeps to what they leave:
   (A `spawn` pool starts its workers on demand, the second one during the second concurrent registration,
   at the server's priority while it imports; so all are started at once, up front.)
 
+The worker is also the sandbox for the upload: the clip is sniffed, parsed (libsndfile), decoded and
+resampled there, never in the server process, and once it is warm the worker's address space is limited
+(RLIMIT_AS) to what it holds then plus `memory_mib`: a clip that would need more fails its allocation in
+the worker (a 400 `audio_too_complex`), not the server.
+
+Every outcome gives the worker back or replaces it: a refused clip returns it; a clip that ran it out of
+memory, an unexpected error, a death (BrokenProcessPool), a deadline overrun or a worker that kept more
+than half its allowance after an extraction (a leak) replace it in the background. A pool whose
+replacements keep failing reports it (`failure`), which /readyz turns into 503.
+
 The pool is started whole before the server is ready (procpool.py).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
-import queue
+import resource
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -46,7 +58,8 @@ from ..engine.pipeline import Voice
 from ..frontend import TextFrontend
 from ..model.manifest import validate_model_dir
 from ..procpool import start_pool
-from .features import PromptEncoder
+from . import clip
+from .features import ClipError, PromptEncoder
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +71,7 @@ RESTART_RETRY_S = 5.0  # between attempts to start a replacement worker that fai
 
 _encoder: PromptEncoder | None = None
 _error: str | None = None
+_baseline_rss = 0  # bytes resident once warm: what an extraction's growth is measured from
 
 
 def _background() -> None:
@@ -76,8 +90,16 @@ def _background() -> None:
             pass
 
 
-def _init(model_dir: str) -> None:
-    global _encoder, _error
+def _rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _address_space() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _init(model_dir: str, memory_mib: int | None = None) -> None:
+    global _encoder, _error, _baseline_rss
     try:
         _background()
         threadpool_limits(THREADS)
@@ -87,6 +109,10 @@ def _init(model_dir: str) -> None:
         # during the first registration (at this priority, on a busy CPU, that would take a minute).
         t = np.arange(24000) / 16000
         _encoder.extract((0.3 * np.sin(2 * np.pi * 150 * t)).astype(np.float32), 16000, "Warm-up.")
+        _baseline_rss = _rss()
+        if memory_mib is not None:  # soft and hard: nothing in this process may raise it again
+            limit = _address_space() + memory_mib * 2**20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except Exception as exc:  # reported by `ready`, so start-up fails with the reason
         _error = f"{exc.__class__.__name__}: {exc}"
 
@@ -106,13 +132,50 @@ def settings() -> dict:
                                  for s in (_encoder.campplus, _encoder.tokenizer)} if _encoder else set()}
 
 
-def _extract(audio: np.ndarray, sample_rate: int, transcript: str | None, name: str) -> Voice:
+def _register(data: bytes, filename: str | None, media_type: str | None, transcript: str | None,
+              name: str) -> tuple[Voice, clip.ClipFacts, int]:
+    """The upload decoded and extracted: the voice, what the record keeps of the clip, and how many bytes this
+    worker holds beyond its warm state afterwards (the pool replaces one that keeps too much)."""
     assert _encoder is not None, _error
-    return _encoder.extract(audio, sample_rate, transcript, name=name)
+    try:
+        c = clip.decode(data, filename, media_type)
+        voice = _encoder.extract(c.audio, c.sample_rate, transcript, name=name)
+    except MemoryError:
+        raise OutOfMemory() from None
+    except Exception as exc:  # ONNX Runtime's allocation failures under the limit (its own exception types)
+        if "bad_alloc" in str(exc) or "Failed to allocate" in str(exc):
+            raise OutOfMemory() from None
+        raise
+    return voice, c.facts, _rss() - _baseline_rss
 
 
 class ExtractionTimeout(Exception):
     """No worker was free, or the extraction did not finish, by the registration's deadline."""
+
+
+class PoolClosed(Exception):
+    """The server is stopping: no worker will take the registration."""
+
+
+class WorkerDied(Exception):
+    """The worker stopped during the extraction (killed for memory, say); a fresh one is starting."""
+
+
+class ExtractionFailed(Exception):
+    """The extraction raised something that is not about the clip (a broken model file, say); the message
+    names it. The worker that raised it has been replaced."""
+
+
+class OutOfMemory(clip.ClipRejected):
+    """The clip needed more memory than the worker's address-space limit allows."""
+
+    def __init__(self) -> None:
+        super().__init__("Decoding and analysing the clip needed more memory than a voice registration may use; "
+                         "send a shorter clip at a common rate (e.g. 10 s of 16-bit 48 kHz mono WAV).",
+                         "audio_too_complex")
+
+    def __reduce__(self):
+        return type(self), ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,15 +187,20 @@ class _Slot:
 class ExtractionPool:
     """`size` worker processes, each in a pool of its own, so that one whose extraction overruns its
     deadline (starved under SCHED_IDLE on a saturated CPU, or stuck) is killed and replaced without
-    touching the others. `extract` blocks (call it from a thread)."""
+    touching the others. `register` blocks (call it from a thread). `on_replace(reason)` is told of each
+    replacement (timeout, died, memory, leak, error)."""
 
-    def __init__(self, model_dir: Path, size: int) -> None:
+    def __init__(self, model_dir: Path, size: int, memory_mib: int | None = None,
+                 on_replace: Callable[[str], None] | None = None) -> None:
         self.model_dir = str(model_dir)
         self.size = size
+        self.memory_mib = memory_mib
+        self.on_replace = on_replace or (lambda reason: None)
         self.busy = 0  # extractions running or waiting for a worker (counted on the event loop)
-        self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self.failure: str | None = None  # why the last replacement could not start, until one does
+        self._free: collections.deque[_Slot] = collections.deque()
         self._slots: set[_Slot] = set()  # every live worker, free or busy
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._closed = False
         # All at once, and every one warm before the server is ready: a model that cannot clone fails here.
         with ThreadPoolExecutor(size) as starting:
@@ -145,69 +213,124 @@ class ExtractionPool:
         for f in started:
             self._add(f.result())
 
+    @property
+    def live(self) -> int:
+        """Workers running now, free or busy (fewer than `size` while replacements start)."""
+        return len(self._slots)
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why no registration can be served (no worker left, and replacing them fails), or None."""
+        return self.failure if not self._slots else None
+
     def _start(self) -> _Slot:
-        pool, [pid] = start_pool(1, _init, (self.model_dir,), _ready,
+        pool, [pid] = start_pool(1, _init, (self.model_dir, self.memory_mib), _ready,
                                  "voice registration cannot start its feature extraction")
         return _Slot(pool, pid)
 
     def _add(self, slot: _Slot) -> None:
-        with self._lock:
+        with self._changed:
             if self._closed:
                 slot.pool.shutdown(wait=False, cancel_futures=True)
                 return
             self._slots.add(slot)
-        self._free.put(slot)
+            self._free.append(slot)
+            self._changed.notify()
 
-    def extract(self, audio: np.ndarray, sample_rate: int, transcript: str | None, name: str,
-                deadline: float = math.inf) -> Voice:
-        """The voice, once a worker is free and has extracted it, by `deadline` (time.monotonic()) or
-        ExtractionTimeout. A worker that overran it, or died (BrokenProcessPool), is replaced in the background."""
+    def _take(self, deadline: float) -> _Slot:
+        with self._changed:
+            while not self._free:
+                if self._closed:
+                    raise PoolClosed
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ExtractionTimeout
+                self._changed.wait(None if left == math.inf else left)
+            if self._closed:
+                raise PoolClosed
+            return self._free.popleft()
+
+    def _give_back(self, slot: _Slot) -> None:
+        with self._changed:
+            if slot in self._slots:
+                self._free.append(slot)
+                self._changed.notify()
+
+    def register(self, data: bytes, filename: str | None, media_type: str | None, transcript: str | None,
+                 name: str, deadline: float = math.inf) -> tuple[Voice, clip.ClipFacts]:
+        """The voice and the clip's facts, once a worker is free and has decoded and extracted the upload, by
+        `deadline` (time.monotonic()) or ExtractionTimeout. A refused clip raises ClipRejected or ClipError
+        (its `code` says why); PoolClosed, WorkerDied and ExtractionFailed say the rest."""
+        slot = self._take(deadline)
         try:
-            slot = self._free.get(timeout=None if deadline == math.inf else max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise ExtractionTimeout from None
-        if time.monotonic() >= deadline:
-            self._free.put(slot)
-            raise ExtractionTimeout
-        try:
-            future = slot.pool.submit(_extract, audio, sample_rate, transcript, name)
-            voice = future.result(None if deadline == math.inf else max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                raise ExtractionTimeout
+            future = slot.pool.submit(_register, data, filename, media_type, transcript, name)
+            voice, facts, kept = future.result(None if deadline == math.inf else max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            try:
-                os.kill(slot.pid, signal.SIGKILL)  # its work is for nobody now; it would hold the slot
-            except ProcessLookupError:
-                pass
-            self._replace(slot)
+            self._replace(slot, "timeout", kill=True)  # its work is for nobody now; it would hold the slot
             raise ExtractionTimeout from None
-        except BrokenProcessPool:  # it died (killed for memory, say)
-            self._replace(slot)
+        except BrokenProcessPool:
+            if self._closed:  # close() killed it: the server is stopping
+                raise PoolClosed from None
+            self._replace(slot, "died")
+            raise WorkerDied from None
+        except OutOfMemory:
+            self._replace(slot, "memory", kill=True)  # a failed allocation may have left its heap in pieces
             raise
-        self._free.put(slot)
-        return voice
+        except (clip.ClipRejected, ClipError, ExtractionTimeout):
+            self._give_back(slot)
+            raise
+        except Exception as exc:  # noqa: BLE001 (not the clip's doing: said, and the worker is not trusted again)
+            self._replace(slot, "error", kill=True)
+            raise ExtractionFailed(f"{exc.__class__.__name__}: {exc}") from None
+        except BaseException:  # interrupted while waiting: the worker may still be busy with this clip
+            self._replace(slot, "error", kill=True)
+            raise
+        if self.memory_mib is not None and kept > self.memory_mib * 2**20 // 2:
+            log.warning("voice extraction worker %d keeps %d MiB after an extraction; replacing it", slot.pid,
+                        kept >> 20)
+            self._replace(slot, "leak", kill=True)
+        else:
+            self._give_back(slot)
+        return voice, facts
 
-    def _replace(self, slot: _Slot) -> None:
+    def _replace(self, slot: _Slot, reason: str, kill: bool = False) -> None:
         """A fresh worker for `slot`'s, started in the background: the registration that found it broken is
         answered now, and the next one waits (up to its deadline) for the replacement."""
+        if kill:
+            try:
+                os.kill(slot.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         slot.pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
+        with self._changed:
             self._slots.discard(slot)
+            if slot in self._free:
+                self._free.remove(slot)
+        self.on_replace(reason)
         threading.Thread(target=self._restart, name="voice-worker-restart", daemon=True).start()
 
     def _restart(self) -> None:
         while not self._closed:
             try:
                 self._add(self._start())
+                self.failure = None
                 return
             except Exception as exc:  # noqa: BLE001 (a full /tmp, a memory limit: try again, said in the log)
+                self.failure = f"{exc.__class__.__name__}: {exc}"
                 log.error("the voice extraction worker could not be restarted (%s); retrying in %g s", exc,
                           RESTART_RETRY_S)
                 time.sleep(RESTART_RETRY_S)
 
     def close(self) -> None:
-        """Stops every worker now: an extraction still running is for nobody once the server stops."""
-        with self._lock:
+        """Stops every worker now, and answers registrations waiting for one (PoolClosed): an extraction still
+        running is for nobody once the server stops."""
+        with self._changed:
             self._closed = True
             slots, self._slots = self._slots, set()
+            self._free.clear()
+            self._changed.notify_all()
         for slot in slots:
             try:
                 os.kill(slot.pid, signal.SIGKILL)
