@@ -54,3 +54,30 @@ def test_damaged_files_decode_or_are_refused_with_a_reason(fmt):
         assert c.audio.dtype == np.float32 and c.audio.ndim == 1 and np.isfinite(c.audio).all()
         assert clip.MIN_SECONDS <= c.seconds <= clip.MAX_SECONDS and c.sample_rate >= clip.MIN_SAMPLE_RATE
     assert refused > 0  # the damage does reach the checks
+
+
+def test_any_rate_and_level_decodes_or_is_refused_with_a_reason():
+    """The audit's inputs: odd rates (16001, 200003 Hz), telephone and studio rates, huge, NaN and infinite
+    float samples. Each decodes to a clip whose resampling is cheap, or is refused with a code."""
+    from cosyvoice_server.voices import spectral
+
+    rng = np.random.default_rng(27)
+    rates = [8000, 16000, 16001, 44101, 192000, 200003] + [int(r) for r in rng.integers(15000, 210000, 6)]
+    levels = [0.3, 3.9, 4.1, 1e19, np.nan, np.inf, -np.inf]
+    codes = set()
+    for rate in rates:
+        for level in levels:
+            audio = np.full(int(rate * 1.5), 0.1, np.float32)
+            audio[:: max(1, rate // 100)] = level
+            buf = io.BytesIO()
+            sf.write(buf, audio, rate, format="WAV", subtype="FLOAT")
+            try:
+                c = clip.decode(buf.getvalue(), "clip.wav")
+            except clip.ClipRejected as exc:
+                codes.add(exc.code)
+                continue
+            assert clip.MIN_SAMPLE_RATE <= c.sample_rate <= clip.MAX_SAMPLE_RATE
+            assert np.isfinite(c.audio).all() and np.abs(c.audio).max() <= clip.MAX_PEAK
+            out = spectral.resample(c.audio, c.sample_rate, 16000)
+            assert len(out) == int(np.ceil(len(c.audio) * 16000 / c.sample_rate)) and np.isfinite(out).all()
+    assert codes == {"sample_rate_too_low", "sample_rate_too_high", "audio_out_of_range", "invalid_audio"}

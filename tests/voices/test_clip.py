@@ -48,6 +48,8 @@ def _refused(data: bytes, filename: str | None = "clip.wav", media_type: str | N
     (encode(np.full(48000 * 3, 1e-4, np.float32), 48000), "a.wav", None, "audio_silent", "silent"),
     (encode(np.full(16000 * 2, np.nan, np.float32), 16000, subtype="FLOAT"), "a.wav", None, "invalid_audio", "NaN"),
     (encode(speech_like(3.0, 16000), 16000, "AIFF"), None, None, "unsupported_audio_format", "AIFF"),
+    (wav(2.0, 200003), "a.wav", None, "sample_rate_too_high", "192000 Hz"),
+    (encode(np.full(48000 * 2, 1e19, np.float32), 48000, subtype="FLOAT"), "a.wav", None, "audio_out_of_range", "1e+19"),
 ])
 def test_bad_clips_are_refused_with_the_reason(data, filename, media_type, code, says):
     err = _refused(data, filename, media_type)
@@ -72,3 +74,18 @@ def test_quiet_but_real_speech_passes_the_silence_check():
 def test_a_refused_length_never_reads_as_the_limit(seconds, says):
     err = _refused(wav(seconds), "a.wav")
     assert says in err.message
+
+
+@pytest.mark.parametrize("fmt", ["AIFF", "AU", "CAF", "W64"])
+def test_other_containers_never_reach_a_parser(fmt, monkeypatch):
+    """libsndfile tried every parser it has on an upload; only the four documented containers get to it."""
+    import soundfile
+
+    def parsed(*args, **kwargs):
+        raise AssertionError("libsndfile parsed an upload of an undocumented format")
+
+    data = encode(speech_like(2.0, 16000), 16000, fmt)
+    monkeypatch.setattr(soundfile, "info", parsed)
+    monkeypatch.setattr(soundfile, "read", parsed)
+    err = _refused(data, None)
+    assert err.code in ("unsupported_audio_format", "invalid_audio")
