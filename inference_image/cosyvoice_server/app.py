@@ -19,6 +19,7 @@ from .api.auth import RotatingKey, require_api_key
 from .api.openai import router
 from .api.voices import router as voices_router
 from .api.speech_stream import router as stream_router
+from .api.stream_gate import Connections
 from .config import Settings
 from .gpu import NVMLCollector
 from .metrics import Metrics
@@ -73,8 +74,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
             await asyncio.to_thread(state.scheduler.stop)
         if state.extraction:
             state.extraction.close()
-        if state.text:
         state.close_executors()
+        if state.text:
             state.text.close()
 
     # No trailing-slash redirects: Starlette builds their Location from the client's Host header.
@@ -83,6 +84,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url=None,
                   description="OpenAI-compatible text-to-speech for CosyVoice2-style models on ONNX Runtime.")
     app.state.server = state
+    app.state.stream_connections = Connections(settings.stream_max_sessions_per_client,
+                                               settings.stream_max_pending_connections, metrics)
     errors.install(app)
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.include_router(router)
@@ -107,12 +110,12 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         if not state.ready:
             return JSONResponse({"status": "failed" if state.load_error else "loading", "error": state.load_error},
                                 status_code=503)
-        return JSONResponse({"status": "ready", "model": state.model_id, "device": state.pipeline.runtime.device,
-                             "precision": state.pipeline.precision, "inflight": state.scheduler.inflight})
-
         if state.extraction and (why := state.extraction.unavailable):  # registration is on and cannot work
             return JSONResponse({"status": "degraded", "error": f"no voice extraction worker can start: {why}"},
                                 status_code=503)
+        return JSONResponse({"status": "ready", "model": state.model_id, "device": state.pipeline.runtime.device,
+                             "precision": state.pipeline.precision, "inflight": state.scheduler.inflight})
+
     for path, probe in (("/healthz", healthz), ("/readyz", readyz)):  # uptime checkers often probe with HEAD
         app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 

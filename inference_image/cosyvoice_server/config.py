@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .origins import parse_allowed_origins
 
 BUNDLED_MODEL = Path(__file__).parent / "models" / "tiny"
 # Settings with no `serve` flag: a secret belongs in the environment or a file, not in argv (`ps` shows argv).
@@ -36,6 +38,12 @@ class Settings(BaseModel):
     stream_idle_timeout_s: float = Field(20.0, gt=0, le=3600, description="a WebSocket speech session whose client sends nothing for this long while the server waits for its text is closed (error idle_timeout)")
     stream_send_buffer_bytes: int = Field(1_048_576, ge=16_384, le=1 << 30, description="encoded audio and events a WebSocket speech session may hold for a client that is not taking them (its queue, the connection's write buffer and the socket's kernel send queue together); beyond it the session is closed (error slow_consumer)")
     stream_send_timeout_s: float = Field(10.0, gt=0, le=3600, description="a WebSocket speech session whose client takes none of the audio waiting for it for this long is closed (error slow_consumer)")
+    stream_max_session_s: float = Field(3600.0, gt=0, le=86_400, description="longest a WebSocket speech session may stay open, its audio included; then it is closed (error session_expired): reconnect for more")
+    stream_max_sessions_per_client: int = Field(32, ge=0, le=100_000, description="WebSocket connections (sessions and those not yet past session.update) one client may hold open per replica; the client is its API key when one is in force, else its IP address as the server sees it (behind a proxy, the proxy's); more are refused in the handshake with 429 (too_many_sessions); 0: no limit")
+    stream_max_pending_connections: int = Field(64, ge=1, le=100_000, description="WebSocket connections that have not sent session.update yet, all clients together; more are refused in the handshake with 429 (too_many_connections)")
+    http_reserved_share: float = Field(0.25, ge=0, le=0.9, description="share of admission capacity (max_batch_size + max_queue_size, rounded down) that WebSocket sessions cannot take: kept for HTTP speech requests (sessions beyond it get session_share_full)")
+    stream_reserved_share: float = Field(0.0, ge=0, le=0.9, description="share of admission capacity (rounded down) that HTTP speech requests cannot take: kept for WebSocket sessions (requests beyond it get 429 http_share_full)")
+    stream_allowed_origins: str | None = Field(None, description="browser origins allowed to open WebSocket speech sessions, comma-separated (e.g. https://app.example.com,http://localhost:3000), or * for any; a handshake with any other Origin header gets 403. Clients that send no Origin (not browsers) are unaffected")
     served_model_name: str | None = Field(None, description="model id in the API (default: the manifest's name)")
     voice_aliases: str | None = Field(None, description="alias=voice pairs, comma-separated (e.g. alloy=default,nova=bright), "
                                       "added over the model.yaml voices.aliases table")
@@ -99,6 +107,22 @@ class Settings(BaseModel):
     def _aliases_parse(cls, v: str | None) -> str | None:
         parse_voice_aliases(v)
         return v
+
+    @field_validator("stream_allowed_origins")
+    @classmethod
+    def _origins_parse(cls, v: str | None) -> str | None:
+        parse_allowed_origins(v)
+        return v
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> Settings:
+        if self.http_reserved_share + self.stream_reserved_share > 1:
+            raise ValueError("http_reserved_share and stream_reserved_share together keep more than the whole "
+                             "admission capacity; their sum must be at most 1")
+        return self
+
+    def allowed_origins(self) -> frozenset[str]:
+        return parse_allowed_origins(self.stream_allowed_origins)
 
     def voice_alias_table(self) -> dict[str, str]:
         return parse_voice_aliases(self.voice_aliases)

@@ -11,6 +11,10 @@ STAGES = ("llm", "flow", "vocoder")
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
 WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# cosyvoice_admission_refusals' labels, present from the start so that alerts see a 0
+REFUSAL_REASONS = {"http": ("server_overloaded", "http_share_full"),
+                   "websocket": ("server_overloaded", "session_share_full", "too_many_sessions", "too_many_connections",
+                                 "origin_not_allowed")}
 
 
 class Metrics:
@@ -44,6 +48,12 @@ class Metrics:
         self.parked_kv_bytes = Gauge(
             "cosyvoice_stream_parked_kv_bytes", "Bytes of KV cache held by parked streamed-text sessions.", registry=r)
         self.capacity = Gauge("cosyvoice_admission_capacity", "Requests that can be in flight before new ones get 429.", registry=r)
+        self.admission_refusals = Counter(
+            "cosyvoice_admission_refusals", "Speech requests and WebSocket connections refused for capacity or policy, "
+            "by protocol (http, websocket) and reason: server_overloaded (all capacity in use), session_share_full "
+            "and http_share_full (a kind holds all it may, the rest is kept for the other), too_many_sessions (one "
+            "client's connection cap), too_many_connections (connections before session.update), "
+            "origin_not_allowed.", ["protocol", "reason"], registry=r)
         self.voice_cache_bytes = Gauge(
             "cosyvoice_voice_cache_bytes", "Memory held by registered voices' prompt tensors (bounded by voice_cache_bytes).",
             registry=r)
@@ -62,16 +72,6 @@ class Metrics:
         self.voice_registrations = Counter(
             "cosyvoice_voice_registrations", "Voice registrations answered, by result (ok, or the error code of a refusal "
             "such as audio_too_long, voice_exists, registration_busy).", ["result"], registry=r)
-        for result in ("hit", "miss"):
-            self.voice_cache_lookups.labels(result)
-        # WebSocket speech sessions (/v1/audio/speech/stream); each is also one request in flight above.
-        self.stream_sessions_open = Gauge(
-            "cosyvoice_stream_sessions_open", "WebSocket speech sessions open now (the autoscaler's sessions signal).",
-            registry=r)
-        self.stream_sessions = Counter(
-            "cosyvoice_stream_sessions", "WebSocket speech sessions ended, by reason (done, client_closed, or the "
-            "error code sent: idle_timeout, slow_consumer, server_overloaded, ...).", ["reason"], registry=r)
-        self.stream_ttfa = Histogram(
         self.voice_extraction_workers = Gauge(
             "cosyvoice_voice_extraction_workers", "Voice extraction worker processes running (fewer than "
             "voice_registration_concurrency while replacements start; 0 for long: registration is down, and /readyz "
@@ -79,6 +79,19 @@ class Metrics:
         self.voice_extraction_replacements = Counter(
             "cosyvoice_voice_extraction_worker_replacements", "Voice extraction workers replaced, by reason (timeout, "
             "died, memory, leak, error).", ["reason"], registry=r)
+        for result in ("hit", "miss"):
+            self.voice_cache_lookups.labels(result)
+        # WebSocket speech sessions (/v1/audio/speech/stream); each is also one request in flight above.
+        self.stream_sessions_open = Gauge(
+            "cosyvoice_stream_sessions_open", "WebSocket speech sessions open now (the autoscaler's sessions signal).",
+            registry=r)
+        self.stream_connections_pending = Gauge(
+            "cosyvoice_stream_connections_pending", "WebSocket connections accepted that have not sent session.update "
+            "yet (bounded by stream_max_pending_connections).", registry=r)
+        self.stream_sessions = Counter(
+            "cosyvoice_stream_sessions", "WebSocket speech sessions ended, by reason (done, client_closed, or the "
+            "error code sent: idle_timeout, slow_consumer, server_overloaded, ...).", ["reason"], registry=r)
+        self.stream_ttfa = Histogram(
             "cosyvoice_stream_text_to_first_audio_seconds", "Time from a session's first text to its first audio "
             "sent.", buckets=LATENCY_BUCKETS, registry=r)
         self.stream_audio_lag = Histogram(
@@ -100,6 +113,9 @@ class Metrics:
         # the sessions' held bytes, read at each scrape: a write buffer drains without telling anyone
         self.stream_send_holders: set[Callable[[], int]] = set()
         self.stream_send_buffer.set_function(lambda: sum(held() for held in list(self.stream_send_holders)))
+        for protocol, reasons in REFUSAL_REASONS.items():
+            for reason in reasons:
+                self.admission_refusals.labels(protocol, reason)
         for stage in STAGES:
             self.queue_depth.labels(stage)
             self.batch_size.labels(stage)

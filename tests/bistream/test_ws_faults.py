@@ -339,3 +339,92 @@ async def test_a_session_without_sentence_ends_completes_and_concurrent_http_req
     assert statuses and all(code == 200 for code, _ in statuses), statuses
     assert "noise buffer" not in srv.log()
     assert_server_healthy(srv.url)
+
+
+async def test_an_idle_session_flood_never_starves_http(start_server) -> None:
+    """The audit's flood: sessions that hold their slots with empty appends. They get no more than their
+    share of the admission capacity, HTTP requests are served beside them, and the idle clock, which
+    their appends do not restart, ends them."""
+    srv = start_server("--max-batch-size", "2", "--max-queue-size", "2", "--stream-idle-timeout-s", "4")
+    flood: list[ClientConnection] = []
+    with pytest.raises(StreamError) as err:
+        for _ in range(5):  # more than the whole capacity (4)
+            ws = await open_raw(srv.url)
+            await send(ws, {"type": "session.update", "session": {}})
+            event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            if event["type"] == "error":
+                raise StreamError(event["error"], None)
+            flood.append(ws)
+    assert err.value.code == "session_share_full" and len(flood) == 3, (err.value.message, len(flood))
+
+    async def empty_appends(ws: ClientConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                for text in ("", " ", "\u200b"):
+                    await send(ws, {"type": "input_text.append", "text": text})
+                    await asyncio.sleep(0.2)
+
+    senders = [asyncio.create_task(empty_appends(ws)) for ws in flood]
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(srv.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Served anyway."})
+    assert r.status_code == 200 and r.content, r.text
+    ends = await asyncio.gather(*(until_closed(ws, timeout=15) for ws in flood))
+    for task in senders:
+        task.cancel()
+    assert [events[-1]["error"]["code"] for events, _, _ in ends] == ["idle_timeout"] * 3
+    assert metric(srv.url, "cosyvoice_admission_refusals_total", 'protocol="websocket",reason="session_share_full"') == 1
+    assert_server_healthy(srv.url)
+
+
+@pytest.fixture(scope="module")
+def origin_server(server_process, tmp_path_factory):
+    """A server that lets two browser origins open sessions."""
+    srv = server_process(tmp_path_factory.mktemp("origins"), "--stream-allowed-origins",
+                         "https://app.example.com, http://localhost:3000").wait_ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize(("origins", "refused"), [
+    ([], None),  # not a browser
+    (["https://app.example.com"], None),
+    (["HTTPS://App.Example.COM"], None),  # scheme and host are case-insensitive
+    (["https://app.example.com:443"], None),  # the scheme's default port
+    (["http://localhost:3000"], None),
+    (["https://app.example.com:8443"], 403),  # another port is another origin
+    (["http://app.example.com"], 403),  # another scheme too
+    (["http://localhost:3001"], 403),
+    (["http://localhost"], 403),
+    (["https://app.example.com.evil.example"], 403),
+    (["https://evil.example"], 403),
+    (["null"], 403),  # sandboxed pages and files
+    ([""], 403),
+    (["https://app.example.com/path"], 403),
+    (["https://app.example.com", "https://app.example.com"], 400),  # no browser sends two: the WebSocket layer refuses
+])
+async def test_browser_origins_are_accepted_only_when_listed(origin_server, origins, refused) -> None:
+    srv = origin_server
+    headers = [("Origin", o) for o in origins]
+    if refused is None:
+        ws = await open_raw(srv.url, additional_headers=headers)
+        await start(ws)
+        await ws.close()
+        return
+    with pytest.raises(InvalidStatus) as err:
+        await open_raw(srv.url, additional_headers=headers)
+    response = err.value.response
+    assert response.status_code == refused
+    if refused == 403:
+        assert json.loads(response.body)["error"]["code"] == "origin_not_allowed"
+
+
+async def test_by_default_no_browser_origin_may_open_a_session(server) -> None:
+    before = metric(server.url, "cosyvoice_admission_refusals_total", 'protocol="websocket",reason="origin_not_allowed"')
+    with pytest.raises(InvalidStatus) as err:  # not even the server's own address
+        await open_raw(server.url, origin=server.url)
+    assert err.value.response.status_code == 403
+    ws = await open_raw(server.url)  # a client that sends no Origin
+    await start(ws)
+    await ws.close()
+    assert metric(server.url, "cosyvoice_admission_refusals_total",
+                  'protocol="websocket",reason="origin_not_allowed"') == before + 1

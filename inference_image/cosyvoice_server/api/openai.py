@@ -42,7 +42,8 @@ _ERRORS = {
     408: "The request body did not arrive within the server's body timeout",
     413: "The request body is over the server's limit",
     415: "The request body is compressed (`Content-Encoding`); send it uncompressed",
-    429: "The server is full; `Retry-After` says when to retry",
+    429: "The server is full (`server_overloaded`), or HTTP requests hold all the capacity they may "
+         "(`http_share_full`); `Retry-After` says when to retry",
     500: "Synthesis failed on the server",
     503: "The model is loading, the server is draining, its drain timeout cut the request off, or a worker process "
          "stopped and was restarted; `Retry-After` says when to retry",
@@ -231,7 +232,7 @@ async def create_speech(request: Request) -> Response:
         return Response(status_code=499)
     except Overloaded as exc:
         s.record(429, started)
-        raise APIError(429, str(exc).capitalize() + ".", type="rate_limit_error", code="server_overloaded",
+        raise APIError(429, str(exc)[:1].upper() + str(exc)[1:] + ".", type="rate_limit_error", code=exc.code,
                        headers={"Retry-After": str(exc.retry_after_s)}) from None
     except APIError as exc:
         s.record(exc.status, started)

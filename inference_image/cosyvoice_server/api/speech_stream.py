@@ -27,13 +27,16 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
 from ..audio import FORMATS, StreamEncoder, StreamResampler
+from ..frontend import speakable
 from ..model.manifest import ModelLoadError
 from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from ..timeouts import SEND_FLOW, SendFlow
 from . import stream_protocol as p
+from ..origins import origin_allowed
 from .auth import matches, presented_tokens
+from .stream_gate import Connection, Refusal, client_of, origin_refusal
 from .openai import OPENAI_MODEL_ALIASES
 
 log = logging.getLogger(__name__)
@@ -75,20 +78,43 @@ def authorized(ws: WebSocket, keys: list[str]) -> bool:
     return bool(presented) and all([matches(k, keys) for k in presented])
 
 
+async def _deny(ws: WebSocket, refusal: Refusal) -> None:
+    """Refuses in the handshake, as the HTTP API refuses: the status and OpenAI's error shape."""
+    error = p.error_event(refusal.message, refusal.code, type="rate_limit_error" if refusal.status == 429
+                          else "invalid_request_error")
+    await ws.send_denial_response(JSONResponse({"error": error["error"]}, status_code=refusal.status,
+                                               headers=refusal.headers))
+
+
+def _check_handshake(ws: WebSocket, s: ServerState) -> Refusal | str:
+    """The refusal of this handshake, or the client it comes from (for the per-client cap)."""
+    origins = ws.headers.getlist("origin")
+    if not origin_allowed(origins, s.settings.allowed_origins()):
+        return origin_refusal(", ".join(origins))
+    keys = [k.current() for k in (s.api_key, s.registration_key) if k is not None] if s.api_key is not None else []
+    if not authorized(ws, keys):
+        return Refusal(401, "invalid_api_key", "Missing or incorrect API key: send 'Authorization: Bearer <key>', or "
+                       f"from a browser the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<the key, base64url>'.",
+                       {"WWW-Authenticate": "Bearer"})
+    return client_of(_presented_keys(ws) if keys else [], ws.client.host if ws.client else None)
+
+
 @router.websocket(PATH)
 async def speech_stream(ws: WebSocket) -> None:
     s: ServerState = ws.app.state.server
-    keys = [k.current() for k in (s.api_key, s.registration_key) if k is not None] if s.api_key is not None else []
-    if not authorized(ws, keys):
-        # Refused in the handshake, as the HTTP API: 401 in OpenAI's error shape.
-        s.metrics.stream_sessions.labels("invalid_api_key").inc()
-        error = p.error_event("Missing or incorrect API key: send 'Authorization: Bearer <key>', or from a browser "
-                              f"the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<the key, base64url>'.", "invalid_api_key")
-        await ws.send_denial_response(JSONResponse({"error": error["error"]}, status_code=401,
-                                                   headers={"WWW-Authenticate": "Bearer"}))
+    checked = _check_handshake(ws, s)
+    admitted = ws.app.state.stream_connections.admit(checked) if isinstance(checked, str) else checked
+    if isinstance(admitted, Refusal):
+        s.metrics.stream_sessions.labels(admitted.code).inc()
+        if admitted.code != "invalid_api_key":
+            s.metrics.admission_refusals.labels("websocket", admitted.code).inc()
+        await _deny(ws, admitted)
         return
-    await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in _offered_subprotocols(ws) else None)
-    await _Session(ws, s).run()
+    try:
+        await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in _offered_subprotocols(ws) else None)
+        await _Session(ws, s, admitted).run()
+    finally:
+        admitted.close()
 
 
 class _SlowConsumer(Exception):
@@ -96,8 +122,9 @@ class _SlowConsumer(Exception):
 
 
 class _Session:
-    def __init__(self, ws: WebSocket, state: ServerState) -> None:
+    def __init__(self, ws: WebSocket, state: ServerState, connection: Connection | None = None) -> None:
         self.ws = ws
+        self.connection = connection
         self.s = state
         self.m = state.metrics
         self.settings = state.settings
@@ -125,11 +152,16 @@ class _Session:
         self.m.stream_sessions_open.inc()
         self.m.stream_send_holders.add(self._held)
         started = time.monotonic()
+        expires = started + self.settings.stream_max_session_s
         reason, outcome = "client_closed", Outcome.CANCELLED
         tasks: list[asyncio.Task] = []
         try:
             try:
-                first = await self._first_event()
+                try:
+                    first = await self._first_event()
+                finally:  # no longer waiting for session.update: a session or its refusal follows
+                    if self.connection is not None:
+                        self.connection.session_started()
                 await self._start(first)
             except p.ProtocolError as exc:
                 reason = exc.code
@@ -142,10 +174,13 @@ class _Session:
                      asyncio.create_task(self._send(), name=f"{self.id}-send")]
             pending, ended = set(tasks), None
             while ended is None:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(pending, timeout=max(0.0, expires - time.monotonic()),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break  # its lifetime is over, whatever it is doing
                 # the pump ending without an error only means all output is queued: the sender decides
                 ended = next((t for t in done if t is not tasks[1] or t.exception() is not None), None)
-            reason, outcome, error = self._ending(ended)
+            reason, outcome, error = self._ending(ended) if ended is not None else self._expired()
             await self._stop(tasks)
             if error is not None:
                 await self._fail(error)
@@ -165,6 +200,12 @@ class _Session:
             if self.req is not None:
                 self.m.stream_session_audio.observe(self.total_samples / self.s.pipeline.sample_rate)
             log.debug("%s ended: %s", self.id, reason)
+
+    def _expired(self) -> tuple[str, Outcome, p.ProtocolError]:
+        limit = self.settings.stream_max_session_s
+        return "session_expired", Outcome.CANCELLED, p.ProtocolError(
+            "session_expired", f"The session reached its maximum duration of {limit:g} s; open a new session to go "
+            "on.")
 
     def _ending(self, task: asyncio.Task) -> tuple[str, Outcome, p.ProtocolError | None]:
         """Why the session ends, from the first task that ended it: (reason, outcome, error to send)."""
@@ -192,7 +233,8 @@ class _Session:
     async def _first_event(self) -> p.SessionUpdate:
         event = await self._next_event(timeout=self.settings.stream_idle_timeout_s)
         if event is None:
-            raise self._idle_error()
+            raise p.ProtocolError("idle_timeout", f"No session.update within {self.settings.stream_idle_timeout_s:g} s "
+                                  "of connecting; send it as soon as the socket is open.")
         self.rules.check(event)
         assert isinstance(event, p.SessionUpdate)
         return event
@@ -237,7 +279,7 @@ class _Session:
         try:
             s.scheduler.submit(req)
         except Overloaded as exc:
-            raise p.ProtocolError("server_overloaded", _sentence(str(exc)), type="rate_limit_error",
+            raise p.ProtocolError(exc.code, _sentence(str(exc)), type="rate_limit_error",
                                   close_code=p.TRY_AGAIN_LATER, event_id=eid) from None
         self.req, self.options = req, o
         self.rate = rate
@@ -252,13 +294,16 @@ class _Session:
             "limits": {"max_message_bytes": self.settings.max_body_bytes,
                        "idle_timeout_s": self.settings.stream_idle_timeout_s,
                        "send_buffer_bytes": self.settings.stream_send_buffer_bytes,
-                       "send_timeout_s": self.settings.stream_send_timeout_s},
+                       "send_timeout_s": self.settings.stream_send_timeout_s,
+                       "max_session_s": self.settings.stream_max_session_s},
         }))
+        self.last_activity = time.monotonic()  # the idle clock starts with the session
 
     # Receiving -----------------------------------------------------------------------------------------
     def _idle_error(self) -> p.ProtocolError:
-        return p.ProtocolError("idle_timeout", f"No message from the client for {self.settings.stream_idle_timeout_s:g} s "
-                               "while the server waited for its text; send input_text.end when the text is complete.")
+        return p.ProtocolError("idle_timeout", f"No text from the client for {self.settings.stream_idle_timeout_s:g} s "
+                               "while the server waited for it (appends without a letter or digit and flushes with "
+                               "nothing to speak do not count); send input_text.end when the text is complete.")
 
     async def _next_event(self, timeout: float) -> p.ClientEvent | None:
         """The next client event; None if none came within `timeout`."""
@@ -271,7 +316,6 @@ class _Session:
             return None
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
-        self.last_activity = time.monotonic()
         if message.get("text") is None:
             raise p.ProtocolError("binary_not_supported", "Client messages are JSON text frames; binary frames are "
                                   "not accepted.", close_code=p.UNSUPPORTED_DATA)
@@ -295,6 +339,9 @@ class _Session:
                 self._feed(event)
 
     def _feed(self, event: p.ClientEvent) -> None:
+        """Passes the event to the text feed. Only what moves the session on (text with something to say, a
+        flush that ends a segment, the end) restarts the idle clock: a client that keeps sending empty or
+        blank appends, or flushes of nothing, holds its slot as surely as a silent one."""
         feed = self.req.feed
         if isinstance(event, p.Append):
             if not event.text:
@@ -304,8 +351,13 @@ class _Session:
             self.total_chars += len(event.text)
             self.m.stream_characters.inc(len(event.text))
             feed.push(event.text)
+            if speakable(event.text):
+                self.last_activity = time.monotonic()
             return
+        closed = feed.closed_segments
         feed.flush() if isinstance(event, p.Flush) else feed.end()
+        if feed.closed_segments > closed or feed.ended:
+            self.last_activity = time.monotonic()
 
     # Producing -----------------------------------------------------------------------------------------
     def _queue(self, frame: str | bytes, audio: bool = False, text_end_at: float | None = None) -> None:

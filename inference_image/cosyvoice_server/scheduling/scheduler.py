@@ -40,9 +40,20 @@ log = logging.getLogger(__name__)
 
 
 class Overloaded(Exception):
-    def __init__(self, retry_after_s: int, capacity: int) -> None:
-        super().__init__(f"the server is at capacity ({capacity} requests in flight); retry after {retry_after_s} s")
+    """No slot for one more request of its kind; `code` says which bound was reached (see `refusal`)."""
+
+    def __init__(self, retry_after_s: int, capacity: int, code: str = "server_overloaded",
+                 share: int = 0) -> None:
+        reason = {
+            "server_overloaded": f"the server is at capacity ({capacity} requests in flight)",
+            "session_share_full": f"WebSocket sessions hold all {share} of the {capacity} slots they may take (the "
+                                  "rest is kept for HTTP requests)",
+            "http_share_full": f"HTTP requests hold all {share} of the {capacity} slots they may take (the rest is "
+                               "kept for WebSocket sessions)",
+        }[code]
+        super().__init__(f"{reason}; retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -51,11 +62,30 @@ class SchedulerConfig:
     max_queue_delay_ms: float = 5.0
     max_queue_size: int = 64
     session_kv_limit_bytes: int = 64 << 20  # one bistream session's KV cache (its text since the last flush)
+    http_reserved_share: float = 0.0  # of the capacity, what sessions may not take
+    stream_reserved_share: float = 0.0  # of the capacity, what HTTP requests may not take
 
     @property
     def capacity(self) -> int:
         """Requests in flight at once: a full running batch plus the waiting queue."""
         return self.max_batch_size + self.max_queue_size
+
+    def share(self, session: bool) -> int:
+        """Slots one kind may hold: the capacity less what is kept for the other kind (rounded down, so a
+        small server keeps nothing rather than refusing a kind outright)."""
+        kept = self.http_reserved_share if session else self.stream_reserved_share
+        return self.capacity - int(self.capacity * kept)
+
+
+def refusal(cfg: SchedulerConfig, session: bool, sessions: int, requests: int) -> str | None:
+    """Why one more session (or HTTP request) cannot be admitted beside `sessions` and `requests` in
+    flight, as its error code; None when it can. An idle session holds its slot for as long as it is
+    open, so sessions alone must not be able to fill the server (and, if configured, the other way round)."""
+    if sessions + requests >= cfg.capacity:
+        return "server_overloaded"
+    if (sessions if session else requests) >= cfg.share(session):
+        return "session_share_full" if session else "http_share_full"
+    return None
 
 
 @dataclass
@@ -90,6 +120,7 @@ class Scheduler:
         self._enqueued: dict[int, float] = {}
         self._active: dict[int, SynthesisRequest] = {}
         self._reserved = 0  # slots held for requests whose text is being normalised (admission())
+        self._sessions = 0  # bistream sessions among the active requests
         self._aborted: Done | None = None  # abort_all's end, also for requests submitted after it
         self._in_llm: set[int] = set()
         self._in_flow: dict[int, int] = {}
@@ -138,9 +169,11 @@ class Scheduler:
         waves = len(self._waiting) / max(1, self.cfg.max_batch_size) + 1
         return int(min(60, max(1, math.ceil(self._avg_duration * waves))))
 
-    def _admit_locked(self) -> None:
-        if len(self._active) + self._reserved >= self.cfg.capacity:
-            raise Overloaded(self.retry_after(), self.cfg.capacity)
+    def _admit_locked(self, session: bool) -> None:
+        code = refusal(self.cfg, session, self._sessions, len(self._active) + self._reserved - self._sessions)
+        if code is not None:
+            self.m.admission_refusals.labels("websocket" if session else "http", code).inc()
+            raise Overloaded(self.retry_after(), self.cfg.capacity, code, share=self.cfg.share(session))
 
     @contextmanager
     def admission(self) -> Iterator[Callable[[SynthesisRequest], None]]:
@@ -149,7 +182,7 @@ class Scheduler:
         full server refuses at once, not after normalising text it will not synthesise (each refusal
         would also hold up the text of the requests it accepts)."""
         with self._lock:
-            self._admit_locked()
+            self._admit_locked(session=False)
             self._reserved += 1
             self.m.inflight.set(self.inflight)
         held = True
@@ -173,7 +206,7 @@ class Scheduler:
 
     def submit(self, req: SynthesisRequest) -> None:
         with self._lock:
-            self._admit_locked()
+            self._admit_locked(session=req.feed is not None)
             self._enqueue_locked(req)
         self._end_if_aborted(req)
 
@@ -186,6 +219,7 @@ class Scheduler:
     def _enqueue_locked(self, req: SynthesisRequest) -> None:
         self._active[id(req)] = req
         if req.feed is not None:  # a session starts parked: it runs once its text arrives
+            self._sessions += 1
             req.feed.wake = self._wake
             self._park_locked(self._session_sequence(req))
             self._text_arrived = True
@@ -208,8 +242,11 @@ class Scheduler:
         if req.finished is None:
             req.finished = outcome
         with self._lock:
-            if self._active.pop(id(req), None) is not None and outcome == Outcome.OK:
-                self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
+            if self._active.pop(id(req), None) is not None:
+                if req.feed is not None:
+                    self._sessions -= 1
+                if outcome == Outcome.OK:
+                    self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
             if self._enqueued.pop(id(req), None) is not None:  # still waiting for the LLM: leave the queue
                 self._waiting.remove(req)
                 self.m.queue_depth.labels("llm").set(len(self._waiting))
