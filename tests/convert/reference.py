@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from cosyvoice_server.convert import upstream
-from cosyvoice_server.convert.checkpoint import read
+from cosyvoice_server.convert.miniature import upstream_modules
 
 MEL_CACHE, HOP, TOKEN_HOP, MAX_HOP, SCALE = 8, 480, 25, 100, 2
 
@@ -43,14 +43,11 @@ class Reference:
     @classmethod
     def load(cls, ckpt: Path, greedy: bool = True) -> Reference:
         upstream.load()
-        from hyperpyyaml import load_hyperpyyaml
 
         from cosyvoice.llm.llm import Qwen2LM
         from cosyvoice.utils.common import ras_sampling
 
-        ck = read(ckpt)
-        text = ck.yaml_text.split("get_tokenizer:")[0]
-        configs = load_hyperpyyaml(text, overrides={"qwen_pretrain_path": str(ckpt / "CosyVoice-BlankEN")})
+        configs = upstream_modules((ckpt / "cosyvoice2.yaml").read_text(), ckpt / "CosyVoice-BlankEN")
         llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
         for module, name in ((llm, "llm.pt"), (flow, "flow.pt"), (hift, "hift.pt")):
             module.load_state_dict(torch.load(ckpt / name, map_location="cpu", weights_only=True), strict=True)

@@ -1,5 +1,8 @@
 """Reading a published CosyVoice2 checkpoint directory, with one-line errors for what is wrong.
 
+The yaml is read as data (hyperyaml.py): every section upstream publishes is accepted, nothing in it is
+imported or called, and a tag outside upstream's own classes and functions is refused.
+
 The directory as its authors ship it: `cosyvoice2.yaml` (hyperpyyaml), `llm.pt`, `flow.pt`, `hift.pt`,
 `campplus.onnx`, `speech_tokenizer_v2.onnx`, `spk2info.pt`, `CosyVoice-BlankEN/` (Qwen2 config and
 tokenizer). Sizes come from the yaml, the Qwen2 config and the tensors, never from constants here.
@@ -10,9 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
+from . import hyperyaml
 
 
 class ConvertError(Exception):
@@ -32,51 +34,33 @@ OTHER_FAMILIES = {
 OTHER_YAMLS = {"cosyvoice.yaml": "CosyVoice 1", "cosyvoice3.yaml": "CosyVoice 3"}
 
 
-class _TagLoader(yaml.SafeLoader):
-    """Reads hyperpyyaml without importing anything: `!new:cls` mappings become {'__class__': cls, ...}."""
-
-
-def _tagged(loader: _TagLoader, suffix: str, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        return {"__class__": suffix.split(":", 1)[-1], **loader.construct_mapping(node, deep=True)}
-    if isinstance(node, yaml.SequenceNode):
-        return loader.construct_sequence(node, deep=True)
-    return loader.construct_scalar(node)
-
-
-_TagLoader.add_multi_constructor("!", _tagged)
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     dir: Path
-    config: dict  # the yaml, tags as {'__class__': ...}
-    yaml_text: str
+    config: dict  # the whole yaml, references resolved, tags as hyperyaml.Call (nothing built or called)
     qwen: dict  # CosyVoice-BlankEN/config.json
 
     def path(self, name: str) -> Path:
         return self.dir / name
 
-    @property
-    def model_yaml(self) -> str:
-        """The yaml's scalar settings and its `flow` and `hift` blocks, for hyperpyyaml to build those two
-        modules. The LLM is read from its tensors; the data pipeline entries would import training code."""
-        keep, block, chunks = [], None, []
-        for line in self.yaml_text.splitlines():
-            if line and not line[0].isspace() and not line.startswith("#"):
-                if block is not None:
-                    chunks.append(block)
-                block = [line]
-            elif block is not None:
-                block.append(line)
-        if block is not None:
-            chunks.append(block)
-        for chunk in chunks:
-            key, _, value = chunk[0].partition(":")
-            if key in ("flow", "hift") or (len([c for c in chunk if c.strip()]) == 1 and "!" not in value
-                                           and not key.startswith("__")):
-                keep.extend(chunk)
-        return "\n".join(keep) + "\n"
+
+def _config(path: Path, blank: Path) -> dict:
+    """The yaml parsed (tags as data) and resolved; a tag outside upstream's own names is refused."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConvertError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    try:
+        raw = hyperyaml.parse(text, path)
+        hyperyaml.check_allowed(raw, path)
+        return hyperyaml.resolve(raw, {"qwen_pretrain_path": str(blank)}, path)
+    except hyperyaml.ConfigError as exc:
+        raise ConvertError(str(exc)) from exc
+
+
+def _class(config: dict, key: str) -> str | None:
+    value = config.get(key)
+    return value.target if isinstance(value, hyperyaml.Call) else None
 
 
 def read(ckpt: Path) -> Checkpoint:
@@ -89,26 +73,21 @@ def read(ckpt: Path) -> Checkpoint:
     for name in FILES:
         if not (ckpt / name).is_file():
             raise ConvertError(f"{ckpt / name}: missing (a CosyVoice2 checkpoint has {', '.join(FILES)})")
-    text = (ckpt / "cosyvoice2.yaml").read_text()
-    try:
-        config = yaml.load(text, Loader=_TagLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        raise ConvertError(f"{ckpt / 'cosyvoice2.yaml'}: not valid YAML: {' '.join(str(exc).split())}") from exc
-    if not isinstance(config, dict):
-        raise ConvertError(f"{ckpt / 'cosyvoice2.yaml'}: not a hyperpyyaml mapping")
+    path = ckpt / "cosyvoice2.yaml"
+    config = _config(path, ckpt / "CosyVoice-BlankEN")
     for key, cls in COSYVOICE2.items():
-        got = config.get(key, {}).get("__class__") if isinstance(config.get(key), dict) else None
+        got = _class(config, key)
         if got != cls:
             family = OTHER_FAMILIES.get(got or "")
             what = f"a {family} model ({got})" if family else (f"{got}" if got else "missing")
-            raise ConvertError(f"{ckpt / 'cosyvoice2.yaml'}: '{key}' is {what}; CosyVoice2 has {cls}")
+            raise ConvertError(f"{path}: '{key}' is {what}; CosyVoice2 has {cls}")
     try:
         qwen = json.loads((ckpt / "CosyVoice-BlankEN/config.json").read_text())
     except ValueError as exc:
         raise ConvertError(f"{ckpt / 'CosyVoice-BlankEN/config.json'}: not valid JSON ({exc})") from exc
     if qwen.get("model_type") != "qwen2":
         raise ConvertError(f"{ckpt / 'CosyVoice-BlankEN/config.json'}: model_type is {qwen.get('model_type')!r}, expected 'qwen2'")
-    return Checkpoint(ckpt, config, text, qwen)
+    return Checkpoint(ckpt, config, qwen)
 
 
 def load_state(path: Path) -> dict:

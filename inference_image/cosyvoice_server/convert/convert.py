@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from ..model.generate import LLMShape, _fp16, _save, _save_npz, build_llm
-from . import checkpoint
+from . import build, checkpoint, hyperyaml
 from .checkpoint import Checkpoint, ConvertError
 
 log = logging.getLogger(__name__)
@@ -36,13 +36,15 @@ SPECIAL_TOKENS = {
         "[vocalized-noise]", "[lipsmack]", "[mn]",
     ],
 }
+TOKEN_HOP = 25  # CosyVoice2Model.token_hop_len (cli/model.py): the first streamed chunk, whatever the yaml says
 SPECIAL = 3  # Qwen2LM's head: speech tokens, eos, and two fill tokens
 EXTERNAL_DATA_BYTES = 1 << 30  # past this, weights go beside the graph (protobuf's 2 GB limit)
 
 
 def _llm(ck: Checkpoint, out: Path, precisions: list[str]) -> tuple[dict, dict[str, str]]:
     q = ck.qwen
-    speech = ck.config["llm"].get("speech_token_size")
+    llm = ck.config["llm"]
+    speech = llm.get("speech_token_size")
     if not isinstance(speech, int):
         raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: llm.speech_token_size is {speech!r}, expected an integer")
     try:
@@ -53,7 +55,7 @@ def _llm(ck: Checkpoint, out: Path, precisions: list[str]) -> tuple[dict, dict[s
         text_vocab = int(q["vocab_size"])
     except KeyError as exc:
         raise ConvertError(f"{ck.path('CosyVoice-BlankEN/config.json')}: missing {exc.args[0]!r}") from exc
-    if ck.config["llm"].get("llm_input_size") not in (None, shape.hidden) and not str(ck.config["llm"]["llm_input_size"]).startswith("<"):
+    if llm.get("llm_input_size") not in (None, shape.hidden):
         raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: llm_input_size differs from the Qwen2 hidden_size {shape.hidden}")
     h, kv, body = shape.hidden, shape.kv_heads * shape.head_dim, "llm.model.model."
     expected = {"llm_embedding.weight": (2, h), "speech_embedding.weight": (shape.vocab, h),
@@ -90,14 +92,15 @@ def _llm(ck: Checkpoint, out: Path, precisions: list[str]) -> tuple[dict, dict[s
         "speech_embedding": state["speech_embedding.weight"].float().numpy(),
         "llm_embedding": state["llm_embedding.weight"].float().numpy(),
     })
-    sampling = ck.config["llm"].get("sampling") or {}
-    if sampling.get("__class__") != "cosyvoice.utils.common.ras_sampling":
-        raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: llm.sampling is {sampling.get('__class__')!r}; "
+    sampling = llm.get("sampling")
+    target = sampling.target if isinstance(sampling, hyperyaml.Call) else sampling
+    if target != "cosyvoice.utils.common.ras_sampling":
+        raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: llm.sampling is {target!r}; "
                            "CosyVoice2 uses cosyvoice.utils.common.ras_sampling")
     spec = {
         "files": files, "embeddings": "llm_embeddings.npz", "hidden_size": h, "num_layers": shape.layers,
         "num_kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "speech_token_size": speech,
-        "sampling": {k: sampling[k] for k in ("top_k", "top_p", "win_size", "tau_r") if k in sampling},
+        "sampling": {k: sampling.kwargs[k] for k in ("top_k", "top_p", "win_size", "tau_r") if k in sampling.kwargs},
     }
     return spec, {"speech": speech}
 
@@ -115,23 +118,23 @@ def _write(model, out: Path, stem: str, precisions: list[str]) -> dict[str, str]
 
 
 def _modules(ck: Checkpoint):
+    """Upstream's flow and HiFT, built from the yaml by build.py's allow-list, with the checkpoint's weights."""
     import torch
-    from hyperpyyaml import load_hyperpyyaml
 
-    try:
-        configs = load_hyperpyyaml(ck.model_yaml, overrides={"qwen_pretrain_path": str(ck.path("CosyVoice-BlankEN"))})
-    except Exception as exc:  # hyperpyyaml raises what the constructors raise
-        raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: upstream could not build flow/hift from it "
-                           f"({exc.__class__.__name__}: {' '.join(str(exc).split())[:200]})") from exc
-    flow, hift = configs["flow"], configs["hift"]
-    for name, module, strip in (("flow.pt", flow, ""), ("hift.pt", hift, "generator.")):
+    modules = []
+    for key, name, strip in (("flow", "flow.pt", ""), ("hift", "hift.pt", "generator.")):
+        try:
+            module = build.build(ck.config[key], ck.path("cosyvoice2.yaml"))
+        except hyperyaml.ConfigError as exc:
+            raise ConvertError(str(exc)) from exc
         path = ck.path(name)
         state = {k[len(strip):] if strip and k.startswith(strip) else k: v for k, v in checkpoint.load_state(path).items()}
         checkpoint.check_tensors(path, state, {k: tuple(v.shape) for k, v in module.state_dict().items()})
         module.load_state_dict(state, strict=True)
         module.eval()
+        modules.append(module)
     torch.set_grad_enabled(False)
-    return configs, flow, hift
+    return modules
 
 
 def _voices(ck: Checkpoint, out: Path, ratio: int) -> list[str]:
@@ -203,11 +206,11 @@ def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = Non
 
 
 def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: str, export) -> None:
-    configs, flow, hift = _modules(ck)
+    flow, hift = _modules(ck)
     llm_spec, sizes = _llm(ck, tmp, precisions)
     if int(flow.vocab_size) != sizes["speech"]:
         raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: flow.vocab_size {flow.vocab_size} != llm.speech_token_size {sizes['speech']}")
-    sample_rate = int(configs.get("sample_rate", 24000))
+    sample_rate = int(ck.config.get("sample_rate", 24000))
     ratio = int(flow.token_mel_ratio)
     token_rate = int(flow.input_frame_rate)
     hop = int(hift.m_source.l_sin_gen.upsample_scale)
@@ -217,8 +220,10 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
     cfm = flow.decoder
     if getattr(cfm, "t_scheduler", "cosine") != "cosine":
         raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: flow t_scheduler {cfm.t_scheduler!r}; CosyVoice2 uses 'cosine'")
+    # The encoder either attends to everything while streaming (static_chunk_size 0, upstream's example
+    # config) or in the estimator's chunks (the released models).
     chunk = int(flow.encoder.static_chunk_size)
-    if int(cfm.estimator.static_chunk_size) != chunk * ratio:
+    if chunk and int(cfm.estimator.static_chunk_size) != chunk * ratio:
         raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: estimator static_chunk_size {cfm.estimator.static_chunk_size} "
                            f"!= encoder static_chunk_size {chunk} x token_mel_ratio {ratio}")
     files = {}
@@ -257,7 +262,7 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
             "spk_embed_dim": int(flow.spk_embed_affine_layer.in_features),
         },
         "vocoder": {"files": files["hift"]},
-        "streaming": {"first_hop_tokens": chunk},
+        "streaming": {"first_hop_tokens": TOKEN_HOP},
         "voices": {"dir": "voices", "default": voices[0]},
         "prompt_encoders": {"campplus": "campplus.onnx", "speech_tokenizer": "speech_tokenizer_v2.onnx"},
     }

@@ -42,11 +42,15 @@ def _repeat(x: torch.Tensor, times: int) -> torch.Tensor:
 
 def _chunk_mask(valid: torch.Tensor, streaming: torch.Tensor, chunk: int) -> torch.Tensor:
     """[B,T] key validity + per-row streaming flag -> [B,T,T] attention mask (upstream's
-    `add_optional_chunk_mask` with `static_chunk_size` for streaming rows, full context otherwise)."""
+    `add_optional_chunk_mask` with `static_chunk_size` for streaming rows, full context otherwise; a chunk
+    of 0 is full context for every row, as upstream's encoder with `static_chunk_size: 0`)."""
     t = valid.size(1)
     pos = torch.arange(t)
-    block = (torch.div(pos, chunk, rounding_mode="trunc") + 1) * chunk
-    within = pos.unsqueeze(0) < block.unsqueeze(1)  # [T,T]
+    if chunk > 0:
+        block = (torch.div(pos, chunk, rounding_mode="trunc") + 1) * chunk
+        within = pos.unsqueeze(0) < block.unsqueeze(1)  # [T,T]
+    else:  # the same expression, so the graph keeps its `streaming` input
+        within = (pos.unsqueeze(0) >= 0) & (pos.unsqueeze(1) >= 0)
     return valid.unsqueeze(1) & (within.unsqueeze(0) | (streaming == 0).view(-1, 1, 1))
 
 

@@ -1,12 +1,12 @@
 """Builds a random-weight checkpoint in the exact layout of the published CosyVoice2-0.5B directory.
 
-It uses upstream's own classes (`cosyvoice-minicpmo`), so the files are what upstream would load: a
-hyperpyyaml `cosyvoice2.yaml`, `llm.pt`, `flow.pt`, `hift.pt` state dicts, `spk2info.pt` with SFT
-speakers, `CosyVoice-BlankEN/` (Qwen2 config, weights and a byte-level BPE tokenizer), and ONNX stand-ins
+It uses upstream's own classes (`cosyvoice-minicpmo`), so the files are what upstream would load:
+`cosyvoice2.yaml` in the shape upstream publishes it (every section: upstream_yaml.py), `llm.pt`,
+`flow.pt`, `hift.pt` state dicts, `spk2info.pt` with SFT speakers, `CosyVoice-BlankEN/` (Qwen2 config, weights and a byte-level BPE tokenizer), and ONNX stand-ins
 for `campplus.onnx` and `speech_tokenizer_v2.onnx` with the published interfaces. Rates are the real
 ones (24 kHz, 25 tokens/s, 50 mel frames/s); layer sizes are small unless `size="full"`.
 
-    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--size mini|full] [--seed 0]
+    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--size mini|full] [--seed 0] [--config example]
 
 Tests convert it and compare the engine against upstream's inference on the same weights.
 """
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from . import upstream_yaml
 
 
 @dataclass(frozen=True)
@@ -56,118 +58,39 @@ SIZES = {
 }
 
 SPEECH_TOKENS = 6561
+CONFIGS = ("released", "example")  # upstream_yaml.cosyvoice2 with and without the streaming chunk settings
+MODEL_KEYS = ("llm", "flow", "hift")
 
-# Upstream cosyvoice2.yaml's model part, with the sizes filled in. The real file also carries the training
-# data pipeline (`!name:cosyvoice.dataset.processor...`), which conversion ignores.
-YAML = """\
-__set_seed1: !apply:random.seed [1986]
-__set_seed3: !apply:torch.manual_seed [1986]
 
-sample_rate: 24000
-llm_input_size: {h}
-llm_output_size: {h}
-spk_embed_dim: 192
-qwen_pretrain_path: ''
-token_frame_rate: 25
-token_mel_ratio: 2
-chunk_size: 25
-num_decoding_left_chunks: -1
+def config_text(s: Size, config: str = "released") -> str:
+    """The checkpoint's cosyvoice2.yaml: upstream's whole config (training sections included) at size `s`."""
+    return upstream_yaml.cosyvoice2(upstream_yaml.Sizes(
+        llm_hidden=s.qwen_hidden, speech_tokens=SPEECH_TOKENS, encoder_heads=s.encoder_heads,
+        encoder_units=s.encoder_units, encoder_blocks=s.encoder_blocks, est_channels=s.est_channels,
+        est_head_dim=s.est_head_dim, est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
+        hift_channels=s.hift_channels, hift_res_kernels=s.hift_res_kernels, f0_channels=s.f0_channels),
+        streaming_params=config == "released")
 
-llm: !new:cosyvoice.llm.llm.Qwen2LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: {speech}
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: 0.8
-        top_k: 25
-        win_size: 10
-        tau_r: 0.1
 
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: 512
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {speech}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
-        output_size: 512
-        attention_heads: {enc_heads}
-        linear_units: {enc_units}
-        num_blocks: {enc_blocks}
-        dropout_rate: 0.1
-        positional_dropout_rate: 0.1
-        attention_dropout_rate: 0.1
-        normalize_before: True
-        input_layer: 'linear'
-        pos_enc_layer_type: 'rel_pos_espnet'
-        selfattention_layer_type: 'rel_selfattn'
-        input_size: 512
-        use_cnn_module: False
-        macaron_style: False
-        static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
-            in_channels: 320
-            out_channels: 80
-            channels: [{est_channels}]
-            dropout: 0.0
-            attention_head_dim: {est_head_dim}
-            n_blocks: {est_blocks}
-            num_mid_blocks: {est_mid_blocks}
-            num_heads: {est_heads}
-            act_fn: 'gelu'
-            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+def upstream_modules(yaml_text: str, blank: Path) -> dict:
+    """llm, flow and hift built by upstream's own loader (hyperpyyaml), as `CosyVoice2` builds them. The
+    training sections (data pipeline, GAN discriminators) are dropped first: loading them imports training
+    code (pyarrow, torchaudio, pyworld) that inference does not need."""
+    import io
 
-hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
-    in_channels: 80
-    base_channels: {hift_channels}
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: {res_kernels}
-    resblock_dilation_sizes: {res_dilations}
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: {f0_channels}
+    from hyperpyyaml import load_hyperpyyaml
+    from ruamel.yaml import YAML
 
-get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
-    token_path: !ref <qwen_pretrain_path>
-    skip_special_tokens: True
-allowed_special: 'all'
-"""
+    rt = YAML()  # round trip: tags stay as written
+    doc = rt.load(yaml_text)
+    for key in list(doc):
+        tagged = getattr(getattr(doc[key], "tag", None), "value", None)
+        if key not in MODEL_KEYS and (tagged or isinstance(doc[key], (dict, list))):
+            del doc[key]
+    buf = io.StringIO()
+    rt.dump(doc, buf)
+    return load_hyperpyyaml(buf.getvalue(), overrides={"qwen_pretrain_path": str(blank)})
+
 
 _CORPUS = ("Hello world. This is a small test of speech synthesis, with numbers 1 2 3 and punctuation! "
            "The quick brown fox jumps over the lazy dog? Streaming text to speech, chunk by chunk.")
@@ -229,10 +152,9 @@ def _onnx_stand_ins(out: Path, rng: np.random.Generator, speech_tokens: int = SP
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / "speech_tokenizer_v2.onnx"))
 
 
-def build(out: Path, size: str = "mini", seed: int = 0) -> Path:
+def build(out: Path, size: str = "mini", seed: int = 0, config: str = "released") -> Path:
     """Writes the checkpoint directory and returns it."""
     import torch
-    from hyperpyyaml import load_hyperpyyaml
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from . import upstream
@@ -251,15 +173,9 @@ def build(out: Path, size: str = "mini", seed: int = 0) -> Path:
                       rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="float32")
     Qwen2ForCausalLM(cfg).save_pretrained(str(blank))  # BlankEN ships weights too; upstream's llm.pt overrides them
 
-    res_dil = [[1, 3, 5]] * len(s.hift_res_kernels)
-    yaml_text = YAML.format(h=s.qwen_hidden, speech=SPEECH_TOKENS, enc_heads=s.encoder_heads, enc_units=s.encoder_units,
-                            enc_blocks=s.encoder_blocks, est_channels=s.est_channels, est_head_dim=s.est_head_dim,
-                            est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
-                            hift_channels=s.hift_channels, res_kernels=list(s.hift_res_kernels),
-                            res_dilations=res_dil, f0_channels=s.f0_channels)
+    yaml_text = config_text(s, config)
     (out / "cosyvoice2.yaml").write_text(yaml_text)
-    model_part = yaml_text.split("get_tokenizer:")[0]
-    configs = load_hyperpyyaml(model_part, overrides={"qwen_pretrain_path": str(blank)})
+    configs = upstream_modules(yaml_text, blank)
     torch.manual_seed(seed)
     with torch.no_grad():
         for name in ("llm", "flow", "hift"):
@@ -298,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--size", choices=sorted(SIZES), default="mini")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", choices=CONFIGS, default="released",
+                    help="released: the model directories' yaml (chunked encoder); example: upstream's example config")
     args = ap.parse_args(argv)
-    print(build(Path(args.out), args.size, args.seed))
+    print(build(Path(args.out), args.size, args.seed, args.config))
     return 0
 
 
