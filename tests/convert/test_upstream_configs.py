@@ -20,10 +20,10 @@ from cosyvoice_server.convert import hyperyaml, upstream_yaml
 from cosyvoice_server.convert.checkpoint import ConvertError, read
 
 
-@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice2-released", "cosyvoice3"])
+@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice2-earlier", "cosyvoice3"])
 def test_upstream_configs_read_whole_as_data(family):
     text = (upstream_yaml.cosyvoice3() if family == "cosyvoice3"
-            else upstream_yaml.cosyvoice2(streaming_params=family.endswith("released")))
+            else upstream_yaml.cosyvoice2(streaming_params=not family.endswith("earlier")))
     lines = text.splitlines()
     assert "]" in lines and any(line.startswith("__set_seed3: !apply:torch.manual_seed") for line in lines)
     raw = hyperyaml.parse(text, "x.yaml")
@@ -105,14 +105,14 @@ def test_the_error_names_the_line_of_the_tag(broken_checkpoint):
 
 @pytest.fixture(scope="module")
 def example_checkpoint(tmp_path_factory):
-    """A miniature whose yaml is upstream's example config as published: the encoder attends to every
-    token while streaming (no static chunk), the estimator keeps its 50-frame chunks."""
+    """A miniature whose yaml is upstream's earlier example config: the encoder attends to every token
+    while streaming (no static chunk), the estimator keeps its 50-frame chunks."""
     from cosyvoice_server.convert.miniature import build
 
-    return build(tmp_path_factory.mktemp("ckpt") / "CosyVoice2-example", "mini", seed=3, config="example")
+    return build(tmp_path_factory.mktemp("ckpt") / "CosyVoice2-example", "mini", seed=3, config="earlier")
 
 
-def test_upstream_example_config_converts_and_streams_as_upstream(example_checkpoint, tmp_path):
+def test_upstream_earlier_example_config_converts_and_streams_as_upstream(example_checkpoint, tmp_path):
     from cosyvoice_server.convert.convert import convert
     from cosyvoice_server.engine.pipeline import Pipeline
 
@@ -129,6 +129,6 @@ def test_upstream_example_config_converts_and_streams_as_upstream(example_checkp
                                   streaming=not final, finalize=final)[:, 2 * offset:]
         assert got.shape == want.shape
         err = max(err, float(np.abs(got - want).max()))
-    report("flow mel, upstream's example config (encoder without chunks)", err)
+    report("flow mel, upstream's earlier example config (encoder without chunks)", err)
     assert err <= TOL
     shutil.rmtree(tmp_path / "model")

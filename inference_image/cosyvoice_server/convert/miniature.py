@@ -6,7 +6,7 @@ It uses upstream's own classes (`cosyvoice-minicpmo`), so the files are what ups
 for `campplus.onnx` and `speech_tokenizer_v2.onnx` with the published interfaces. Rates are the real
 ones (24 kHz, 25 tokens/s, 50 mel frames/s); layer sizes are small unless `size="full"`.
 
-    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--size mini|full] [--seed 0] [--config example]
+    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--size mini|full] [--seed 0] [--config earlier]
 
 Tests convert it and compare the engine against upstream's inference on the same weights.
 """
@@ -58,18 +58,18 @@ SIZES = {
 }
 
 SPEECH_TOKENS = 6561
-CONFIGS = ("released", "example")  # upstream_yaml.cosyvoice2 with and without the streaming chunk settings
+CONFIGS = ("current", "earlier")  # upstream's CosyVoice2 example config now and before its streaming settings
 MODEL_KEYS = ("llm", "flow", "hift")
 
 
-def config_text(s: Size, config: str = "released") -> str:
+def config_text(s: Size, config: str = "current") -> str:
     """The checkpoint's cosyvoice2.yaml: upstream's whole config (training sections included) at size `s`."""
     return upstream_yaml.cosyvoice2(upstream_yaml.Sizes(
         llm_hidden=s.qwen_hidden, speech_tokens=SPEECH_TOKENS, encoder_heads=s.encoder_heads,
         encoder_units=s.encoder_units, encoder_blocks=s.encoder_blocks, est_channels=s.est_channels,
         est_head_dim=s.est_head_dim, est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
         hift_channels=s.hift_channels, hift_res_kernels=s.hift_res_kernels, f0_channels=s.f0_channels),
-        streaming_params=config == "released")
+        streaming_params=config == "current")
 
 
 def upstream_modules(yaml_text: str, blank: Path) -> dict:
@@ -152,7 +152,7 @@ def _onnx_stand_ins(out: Path, rng: np.random.Generator, speech_tokens: int = SP
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / "speech_tokenizer_v2.onnx"))
 
 
-def build(out: Path, size: str = "mini", seed: int = 0, config: str = "released") -> Path:
+def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current") -> Path:
     """Writes the checkpoint directory and returns it."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--size", choices=sorted(SIZES), default="mini")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--config", choices=CONFIGS, default="released",
-                    help="released: the model directories' yaml (chunked encoder); example: upstream's example config")
+    ap.add_argument("--config", choices=CONFIGS, default="current",
+                    help="upstream's CosyVoice2 example config: current (encoder streams in chunks) or earlier (it does not)")
     args = ap.parse_args(argv)
     print(build(Path(args.out), args.size, args.seed, args.config))
     return 0

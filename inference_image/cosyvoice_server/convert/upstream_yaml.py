@@ -8,8 +8,8 @@ documents below follow `examples/libritts/cosyvoice2/conf/cosyvoice2.yaml` and
 `emit` writes hyperpyyaml the way upstream formats it (four-space blocks, flow-style number lists,
 single-quoted strings, `!ref` arithmetic).
 
-    text = cosyvoice2(Sizes(...))            # the example config
-    text = cosyvoice2(Sizes(...), streaming_params=True)   # with the chunk settings of the released models
+    text = cosyvoice2(Sizes(...))                           # upstream's current CosyVoice2 example config
+    text = cosyvoice2(Sizes(...), streaming_params=False)   # its earlier layout (encoder without chunks)
 """
 
 from __future__ import annotations
@@ -173,10 +173,10 @@ def _fixed(s: Sizes) -> list:
             {"token_frame_rate": 25}, {"token_mel_ratio": 2}, BLANK]
 
 
-_STREAM_PARAMS = [Comment("stream related params"),
-                  {"chunk_size": Note(25, "streaming inference chunk size, in token")},
-                  {"num_decoding_left_chunks": Note(-1, "streaming inference flow decoder left chunk size, <0 means "
-                                                        "use all left chunks")}, BLANK]
+def _stream_params(left_chunks: int) -> list:
+    return [Comment("stream related params"), {"chunk_size": Note(25, "streaming inference chunk size, in token")},
+            {"num_decoding_left_chunks": Note(left_chunks, "streaming inference flow decoder left chunk size, <0 means "
+                                                           "use all left chunks")}, BLANK]
 
 
 def _llm(cls: str, s: Sizes) -> dict:
@@ -241,9 +241,10 @@ def _commented(key: str, refs: list[str]) -> Comment:
     return Comment("\n".join([f"{key}: ["] + [f"    !ref <{r}>," for r in refs] + ["]"]))
 
 
-def cosyvoice2(s: Sizes = Sizes(), streaming_params: bool = False) -> str:
-    """The CosyVoice2 example config; `streaming_params` adds `chunk_size`/`num_decoding_left_chunks` and
-    the encoder's static chunk, as the released model directories and the CosyVoice3 config have them."""
+def cosyvoice2(s: Sizes = Sizes(), streaming_params: bool = True) -> str:
+    """The CosyVoice2 example config. With `streaming_params` (upstream's current file, the layout of the
+    CosyVoice3 config too): `chunk_size`/`num_decoding_left_chunks`, the encoder streaming in static chunks,
+    the GAN settings at the mel rate. Without: the earlier file, whose encoder attends to every token."""
     encoder = {"output_size": 512, "attention_heads": s.encoder_heads, "linear_units": s.encoder_units,
                "num_blocks": s.encoder_blocks, "dropout_rate": 0.1, "positional_dropout_rate": 0.1,
                "attention_dropout_rate": 0.1, "normalize_before": True, "input_layer": "linear",
@@ -267,13 +268,19 @@ def cosyvoice2(s: Sizes = Sizes(), streaming_params: bool = False) -> str:
         "token_mel_ratio": R("<token_mel_ratio>"), "pre_lookahead_len": 3,
         "encoder": New("cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder", encoder),
         "decoder": _cfm(estimator)})}
-    doc = [*_SEEDS, *_fixed(s), *(_STREAM_PARAMS if streaming_params else []), _MODEL_NOTE,
+    if streaming_params:
+        gan = _gan(_mel(1920, 480, None), "MultiResSpecDiscriminator")
+        processors = _processors(s, whisper=False, fmax=8000, max_length=40960, truncate=24480, frames=2000, f0=True)
+        gan_pipeline: dict | Comment = {"data_pipeline_gan": RefList([f"<{x}>" for x in _gan_steps()])}
+    else:
+        gan = _gan(_mel(1024, 256, None), "MultiResolutionDiscriminator")
+        processors = _processors(s, whisper=False, fmax=8000, max_length=40960, truncate=24480, frames=2500, f0=False)
+        gan_pipeline = _commented("data_pipeline_gan", _gan_steps())
+    doc = [*_SEEDS, *_fixed(s), *(_stream_params(1) if streaming_params else []), _MODEL_NOTE,
            _llm("cosyvoice.llm.llm.Qwen2LM", s), BLANK, flow, BLANK,
            _hift("cosyvoice.hifigan.generator.HiFTGenerator", "cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor", s, None),
-           BLANK, *_gan(_mel(1024, 256, None), "MultiResolutionDiscriminator"),
-           *_processors(s, whisper=False, fmax=8000, max_length=40960, truncate=24480, frames=2500),
-           {"data_pipeline": RefList([f"<{x}>" for x in _pipeline_steps(False)])},
-           _commented("data_pipeline_gan", _gan_steps()), BLANK, *_training()]
+           BLANK, *gan, *processors, {"data_pipeline": RefList([f"<{x}>" for x in _pipeline_steps(False)])},
+           gan_pipeline, BLANK, *_training()]
     return emit(doc)
 
 
@@ -291,18 +298,18 @@ def cosyvoice3(s: Sizes = Sizes()) -> str:
         "pre_lookahead_layer": New("cosyvoice.transformer.upsample_encoder.PreLookaheadLayer", {
             "in_channels": 80, "channels": s.lookahead_channels, "pre_lookahead_len": 3}),
         "decoder": _cfm(estimator)})}
-    doc = [*_SEEDS, *_fixed(s), *_STREAM_PARAMS, _MODEL_NOTE, _llm("cosyvoice.llm.llm.CosyVoice3LM", s), BLANK,
+    doc = [*_SEEDS, *_fixed(s), *_stream_params(-1), _MODEL_NOTE, _llm("cosyvoice.llm.llm.CosyVoice3LM", s), BLANK,
            flow, BLANK,
            _hift("cosyvoice.hifigan.generator.CausalHiFTGenerator",
                  "cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor", s, 4),
            BLANK, *_gan(_mel(1920, 480, None), "MultiResSpecDiscriminator"),
-           *_processors(s, whisper=True, fmax=None, max_length=6000, truncate=24960, frames=2000),
+           *_processors(s, whisper=True, fmax=None, max_length=6000, truncate=24960, frames=2000, f0=True),
            {"data_pipeline": RefList([f"<{x}>" for x in _pipeline_steps(True)])},
            {"data_pipeline_gan": RefList([f"<{x}>" for x in _gan_steps()])}, BLANK, *_training()]
     return emit(doc)
 
 
-def _processors(s: Sizes, whisper: bool, fmax: Any, max_length: int, truncate: int, frames: int) -> list:
+def _processors(s: Sizes, whisper: bool, fmax: Any, max_length: int, truncate: int, frames: int, f0: bool) -> list:
     tokenizer = {"token_path": R("<qwen_pretrain_path>"), "skip_special_tokens": True}
     if whisper:
         tokenizer["version"] = Raw("cosyvoice3")
@@ -321,8 +328,9 @@ def _processors(s: Sizes, whisper: bool, fmax: Any, max_length: int, truncate: i
            {"feat_extractor": _mel(1920, 480, fmax)},
            {"compute_fbank": Name(_DATA + "compute_fbank", fbank)}]
     if whisper:
-        doc += [{"compute_whisper_fbank": Name(_DATA + "compute_whisper_fbank", {"num_frames": 960})},
-                {"compute_f0": Name(_DATA + "compute_f0", {"sample_rate": R("<sample_rate>"), "hop_size": 480})}]
+        doc.append({"compute_whisper_fbank": Name(_DATA + "compute_whisper_fbank", {"num_frames": 960})})
+    if f0:
+        doc.append({"compute_f0": Name(_DATA + "compute_f0", {"sample_rate": R("<sample_rate>"), "hop_size": 480})})
     else:
         doc.append(Comment("pitch_extractor: !name:torchaudio.functional.compute_kaldi_pitch # TODO need to replace it\n"
                            "    sample_rate: !ref <sample_rate>\n"
