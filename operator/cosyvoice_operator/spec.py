@@ -244,7 +244,7 @@ class Autoscaling(_Model):
     fallback: Fallback | None = None
     capacity_profile: str | None = Field(default=None, min_length=1, max_length=253)
     sizing_latency_ratio: float = Field(default=0.8, gt=0, le=1)
-    cold_start_seconds: int = Field(default=120, ge=0, le=3600)
+    cold_start_seconds: int | None = Field(default=None, ge=0, le=3600)  # None: the capacity profile's measured start
     forecast: Forecast = Field(default_factory=Forecast)
     outage_forecast_seconds: int = Field(default=600, ge=0, le=86400)
     latency_guard_step_percent: int = Field(default=25, ge=1, le=1000)

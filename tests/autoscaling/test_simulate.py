@@ -428,7 +428,9 @@ def test_cli_writes_table_json_and_plots(tmp_path: Path, capsys: pytest.CaptureF
                  "--policies", "policy,hpa,oracle", "--out", str(out)]) == 0
     assert "| poisson | policy |" in (out / "results.md").read_text()
     data = json.loads((out / "results.json").read_text())
-    assert data["config"]["cold_start_s"] == 120.0 and len(data["runs"]) == 3 and data["set"] == "tuning"
+    assert data["config"]["cold_start_s"] is None and len(data["runs"]) == 3 and data["set"] == "tuning"
+    assert data["cold_start"] == {"hit_s": PROFILE.cold_start.hit_s, "miss_s": PROFILE.cold_start.miss_s,
+                                  "source": PROFILE.cold_start.source}  # the profile's, as measured
     assert (out / "autoscaling-poisson-0.png").read_bytes()[:4] == b"\x89PNG"
     assert "runs in" in capsys.readouterr().out
 

@@ -124,7 +124,7 @@ class Settings:
     follow_trend_s: float = 600.0
     profile: Profile | None = None
     sizing_latency_ratio: float = 0.8
-    cold_start_s: float = 120.0
+    cold_start_s: float | None = None  # None: the profile's measured start (``start_s``)
     interval_s: float = 15.0
     season_lookback_s: float = 10800.0
     season_min_correlation: float = 0.6
@@ -154,24 +154,35 @@ class Settings:
             fallback_replicas=spec.fallback.replicas if spec.fallback else None,
             failure_threshold=spec.fallback.failure_threshold if spec.fallback else 3,
             follow_trend_s=float(spec.outage_forecast_seconds),
-            profile=profile, sizing_latency_ratio=spec.sizing_latency_ratio, cold_start_s=float(spec.cold_start_seconds),
+            profile=profile, sizing_latency_ratio=spec.sizing_latency_ratio,
+            cold_start_s=None if spec.cold_start_seconds is None else float(spec.cold_start_seconds),
             interval_s=float(spec.interval_seconds), season_lookback_s=float(spec.forecast.lookback_seconds),
             season_min_correlation=spec.forecast.min_correlation,
             guard_step_percent=float(spec.latency_guard_step_percent),
             guard_memory_s=float(spec.latency_guard_memory_seconds))
 
     @property
+    def start_s(self) -> float:
+        """How long a replica created now takes to serve: ``coldStartSeconds`` when set; else the profile's
+        measured start on a node without the model (a cache miss: a scale-up beyond the nodes that ran a
+        replica pays it, and a forecast shorter than the start leaves the peak's first minutes unserved);
+        else the assumption."""
+        if self.cold_start_s is not None:
+            return self.cold_start_s
+        return (self.profile.cold_start if self.profile is not None else profiles.ASSUMED).miss_s
+
+    @property
     def horizon_s(self) -> float:
         """How far ahead demand is forecast: a replica created now serves after the cold start (plus up to
         one evaluation), and a rate over a window shows a change completely only a window later."""
-        return self.cold_start_s + RATE_WINDOW_S + self.interval_s
+        return self.start_s + RATE_WINDOW_S + self.interval_s
 
     @property
     def trend_horizon_s(self) -> float:
         """How far ahead a rising trend is projected: what is created now serves after the cold start, and
         must last until what the next evaluation creates serves; the 1-minute rate it starts from describes
         the load half a rate window ago (the middle of its window, on a linear rise)."""
-        return self.cold_start_s + self.interval_s + RATE_WINDOW_S / 2
+        return self.start_s + self.interval_s + RATE_WINDOW_S / 2
 
     @property
     def history_s(self) -> float:

@@ -12,7 +12,11 @@ at each concurrency up to the server's batch size. Read as a model of one replic
   stationary state). Kubernetes Services spread requests at random, so each replica sees a Poisson
   share of the service's arrivals, and the replicas needed are ``arrivals / rate_at_slo``;
 * bursty arrivals are modelled as geometric clumps (``clump``: their mean size), which random routing
-  shares out (``clump_size``): the same chain, stepping up by a clump at a time.
+  shares out (``clump_size``): the same chain, stepping up by a clump at a time;
+* ``cold_start``: how long a new replica takes from pod creation to serving, measured twice (``bench.startup``):
+  on a node whose model cache already holds the model (a hit) and on one that must fetch it first (a miss).
+  The policy forecasts a miss ahead; the simulator pays a miss for each replica beyond the most that ran
+  at once before (a node new to the model), a hit otherwise. It is the one place these numbers live.
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ from typing import Any
 
 PROFILES = Path(__file__).with_name("profiles")
 DEFAULT_PROFILE = "tiny-cpu"
+# A profile that measured no start (a file written by bench.capacity alone), and a policy without a profile:
+# a GPU replica's start as assumed before it was measured (image pull, a ~2 GB model fetch, load, warm-up)
+ASSUMED_COLD_START_S = 120.0
 Z95 = 1.6448536269514722  # standard normal quantile of 0.95
 
 
@@ -37,12 +44,36 @@ class Length:
 
 
 @dataclass(frozen=True)
+class ColdStart:
+    """Seconds from a pod's creation to its first answer, with the model on the node (``hit_s``) or not
+    (``miss_s``), and where they come from."""
+    hit_s: float
+    miss_s: float
+    source: str
+
+
+ASSUMED = ColdStart(ASSUMED_COLD_START_S, ASSUMED_COLD_START_S, "assumed, not measured")
+
+
+def cold_start_from(raw: Any, name: str = "custom") -> ColdStart:
+    """A profile's ``cold_start`` section (``{"cache_hit_s", "cache_miss_s", "source"}``); none: the assumption."""
+    if raw is None:
+        return ASSUMED
+    hit, miss = float(raw["cache_hit_s"]), float(raw["cache_miss_s"])
+    if not (math.isfinite(hit) and math.isfinite(miss) and 0 <= hit <= miss):
+        raise ValueError(f"capacity profile {name!r}: cold_start needs 0 ≤ cache_hit_s ≤ cache_miss_s, "
+                         f"got {hit:g} and {miss:g}")
+    return ColdStart(hit, miss, str(raw.get("source", "")))
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     max_batch_size: int
     max_queue_size: int
     lengths: tuple[Length, ...]  # sorted by audio_s
     sigma: float  # lognormal spread of one request's latency around the mean
+    cold_start: ColdStart = ASSUMED
 
     def mean_latency_s(self, concurrency: float, audio_s: float) -> float:
         c = min(max(concurrency, 1.0), float(self.max_batch_size))
@@ -179,7 +210,7 @@ def from_dict(raw: dict[str, Any], batching: Any = None) -> Profile:
         raise ValueError(f"capacity profile {raw.get('name')!r} has no measured points")
     sigma = max(0.05, sum(spreads) / len(spreads)) if spreads else 0.3
     return Profile(str(raw.get("name", "custom")), bsize, qsize, tuple(sorted(lengths, key=lambda L: L.audio_s)),
-                   sigma)
+                   sigma, cold_start_from(raw.get("cold_start"), str(raw.get("name", "custom"))))
 
 
 def names() -> list[str]:

@@ -43,8 +43,10 @@ class SimConfig:
                                  factory=lambda: _deployed().max_batch_size)
     max_queue_size: int = _param(help="the replica's queue before it answers 429; the default is what the operator "
                                       "deploys", factory=lambda: _deployed().max_queue_size)
-    cold_start_s: float = _param(120.0, "seconds from a pod's creation to its first answer: image pull, model load, "
-                                        "warm-up")
+    cold_start_s: float | None = _param(None, "seconds from a pod's creation to its first answer (image pull, model "
+                                               "load, warm-up) for every start; default: the profile's measured "
+                                               "start, a cache miss on a node new to the model and a hit on one "
+                                               "that ran a replica before")
     scrape_s: float = _param(15.0, "Prometheus scrape interval, seconds")
     rate_window_s: float = _param(60.0, "window of the baselines' rate() queries, seconds")
     slo_ms: float = _param(2000.0, "objective, ms: p95 of response time per minute")
@@ -58,6 +60,8 @@ class SimConfig:
             raise ValueError(SCALE_TO_ZERO)
         for name, (least, strict) in BOUNDS.items():
             value = getattr(self, name)
+            if value is None:  # taken from the profile
+                continue
             if value < least or (strict and value == least):
                 flag, relation = name.replace("_", "-"), ">" if strict else "≥"
                 raise ValueError(f"--{flag} must be {relation} {least:g} (got {value:g})")
@@ -81,6 +85,13 @@ def _at_least_one(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be ≥ 1 (got {value})")
+    return value
+
+
+def _frontier_points(text: str) -> int:
+    value = int(text)
+    if value != 0 and value < 2:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or ≥ 2 targets (got {value})")
     return value
 
 
@@ -117,10 +128,15 @@ def add_arguments(ap: Any) -> None:
                     help="simulate the policy of this CosyVoiceService manifest (its spec.autoscaling, enabled or "
                          "not yet; - reads it from standard input, e.g. from kubectl get cvs NAME -o yaml): its "
                          "SLO, replica bounds, cold start, batching and capacity profile replace the flags' values")
+    ap.add_argument("--frontier", type=_frontier_points, default=0, metavar="N",
+                    help="also run HPA and KEDA at N per-pod targets from 0.5x to 1.5x of theirs (e.g. 11) and "
+                         "report where the policy lies against each family's frontier of GPU-hours and violating "
+                         "minutes (default 0: off)")
     ap.add_argument("--jobs", type=_at_least_one, default=1, help="processes")
     ap.add_argument("--json", action="store_true", help="print the summary rows and verdicts as JSON")
     ap.add_argument("--out", default=None, help="directory for results.json, results.md and PNG plots")
     for f in SimConfig.__dataclass_fields__.values():
-        kind = _min_replicas if f.name == "min_replicas" else type(getattr(d, f.name))
+        kind = _min_replicas if f.name == "min_replicas" else float if f.name == "cold_start_s" else \
+            type(getattr(d, f.name))
         ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name),
                         help=f.metadata["help"] + " (default %(default)s)")

@@ -10,9 +10,12 @@ Model (defaults in ``SimConfig``; every one is a flag of ``simulate``):
   service time is what the capacity profile (``profile.py``, measured by ``bench.capacity``) gives
   for its length with that many requests in service, lognormally spread as measured. The Service
   routes each request to a random **ready** replica (kube-proxy).
-* A new replica costs GPU time from the moment it is created and serves after ``cold_start_s``. A
-  removed replica takes no new requests and is billed until its accepted requests finish. Warming
-  replicas are removed first, like a ReplicaSet does.
+* A new replica costs GPU time from the moment it is created and serves after its cold start, the
+  capacity profile's measured one (``profile.ColdStart``; ``cold_start_s`` sets one for every start):
+  one replica per node, nodes kept for the whole trace, the model cached on every node that ran a
+  replica; so a replica beyond the most that were live at once before lands on a node new to the model
+  and pays a cache miss, any other a hit. A removed replica takes no new requests and is billed until
+  its accepted requests finish. Warming replicas are removed first, like a ReplicaSet does.
 * Metrics pass through a Prometheus-like pipeline: samples every ``scrape_s``; ``rate()`` and
   ``histogram_quantile(0.95, ...)`` over ``rate_window_s`` with the server's latency buckets; the
   in-flight gauge and its ``deriv()``; the audio seconds per request; the rate's history for the
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import frontier
 from . import profile as profiles
 from . import traces
 from .baselines import HPA, KEDA, Observation, Oracle, ProjectPolicy, ReactiveOracle, Static
@@ -51,6 +55,13 @@ LENGTH_CV = 0.3  # spread of request lengths around a second's mean (sentences v
 
 def load_profile(cfg: SimConfig) -> profiles.Profile:
     return profiles.load(cfg.profile, batching=cfg)
+
+
+def cold_start(cfg: SimConfig, prof: profiles.Profile) -> profiles.ColdStart:
+    """A replica's start: the profile's measured hit and miss, or ``--cold-start-s`` for every start."""
+    if cfg.cold_start_s is None:
+        return prof.cold_start
+    return profiles.ColdStart(cfg.cold_start_s, cfg.cold_start_s, "--cold-start-s")
 
 
 def baseline_target(cfg: SimConfig, prof: profiles.Profile) -> float:
@@ -109,6 +120,8 @@ class RunResult:
     outage_drop: int | None  # replicas lost during the outage (0 = held)
     params: dict[str, Any] = field(default_factory=dict)
     series: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per minute, for plots
+    starts: int = 0  # replicas created during the scored minutes
+    cache_misses: int = 0  # of which on a node new to the model
 
 
 def _quantile_from_buckets(counts: np.ndarray, q: float) -> float:
@@ -135,7 +148,7 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
     total = warm + trace.duration
     scored = trace.duration - trace.lead_s
     horizon = total + 4000
-    cold = 0.0 if getattr(scaler, "instant", False) else cfg.cold_start_s
+    start_s = profiles.ColdStart(0.0, 0.0, "instant") if getattr(scaler, "instant", False) else cold_start(cfg, prof)
     nb = len(LATENCY_BUCKETS) + 1
     hist = np.zeros((horizon, nb))  # latency histogram by finish second
     done = np.zeros(horizon)  # completions by finish second
@@ -159,7 +172,9 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
         initial = scaler.replicas
     if isinstance(scaler, Oracle):
         scaler.offset = warm
-    replicas = [_Replica(-cold, 0.0, [0.0] * bsize) for _ in range(initial)]
+    replicas = [_Replica(-start_s.miss_s, 0.0, [0.0] * bsize) for _ in range(initial)]
+    nodes = initial  # nodes whose cache holds the model: the most replicas live at once so far
+    starts = misses = 0
     drain_s = 0.0
     events: list[tuple[float, int]] = []
     replica_trace: list[int] = []
@@ -235,11 +250,16 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
                                                      p95_ms=p95 * 1000 if not math.isnan(p95) else None))
 
     def scale_to(now: float, desired: int) -> None:
-        nonlocal drain_s
+        nonlocal drain_s, nodes, starts, misses
         live = [r for r in replicas if r.removed_at is None]
         if desired > len(live):
-            for _ in range(desired - len(live)):
-                replicas.append(_Replica(now, now + cold, [now + cold] * bsize))
+            for n in range(len(live) + 1, desired + 1):
+                miss = n > nodes
+                ready_at = now + (start_s.miss_s if miss else start_s.hit_s)
+                replicas.append(_Replica(now, ready_at, [ready_at] * bsize))
+                if now >= start:
+                    starts, misses = starts + 1, misses + miss
+            nodes = max(nodes, desired)
         elif desired < len(live):
             # warming first (newest first), then the ready replicas with the least work left
             order = sorted(live, key=lambda r: (r.ready_at <= now, max(r.slots)))
@@ -329,7 +349,7 @@ def simulate(trace: Trace, scaler: Any, cfg: SimConfig, seed: int, prof: profile
     return RunResult(scaler.name, trace.name, seed, requests_n,
                      float(1 - m_bad.sum() / max(1, requests_n)), float(good_minutes.mean()),
                      int((~good_minutes).sum()), gpu_s / 3600, len(events) / hours, reversals / hours,
-                     rejected, drop, dict(trace.params), series)
+                     rejected, drop, dict(trace.params), series, starts, misses)
 
 
 def make_scaler(name: str, cfg: SimConfig, trace: Trace, prof: profiles.Profile | None = None,
@@ -344,6 +364,10 @@ def make_scaler(name: str, cfg: SimConfig, trace: Trace, prof: profiles.Profile 
         return HPA(target, cfg.min_replicas, cfg.max_replicas, arrival=True, name="hpa-arrival")
     if name == "keda":
         return KEDA(target, cfg.min_replicas, cfg.max_replicas, arrival=True)
+    swept = frontier.scaled(name)
+    if swept is not None:  # hpa@0.7: the baseline at 0.7× its target, for the frontier
+        scaler = make_scaler(swept[0], cfg, trace, prof, settings)
+        return replace(scaler, target_qps_per_replica=target * swept[1], name=name)
     need = needed_replicas(trace.rate, trace.audio_s, cfg, prof)
     if name == "oracle":
         return Oracle(list(need), cfg.min_replicas, cfg.max_replicas)
@@ -367,15 +391,15 @@ def _pool_offset(name: str) -> int | None:
 
 
 def valid_policy(name: str) -> bool:
-    return name in POLICIES + EXTRA_POLICIES or _pool_offset(name) is not None
+    return name in POLICIES + EXTRA_POLICIES or _pool_offset(name) is not None or frontier.scaled(name) is not None
 
 
 def sessions_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
     """targetSessionsPerReplica from the measured replica: real-time sessions it carries within the objective
     (the audio seconds per second it produces at the rate the profile allows, with the sizing margin)."""
     rate = prof.rate_at_slo(cfg.slo_ms / 1000 * Settings().sizing_latency_ratio, cfg.audio_s)
-    return Settings(min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas, cold_start_s=cfg.cold_start_s,
-                    target_sessions_per_replica=rate * cfg.audio_s)
+    return Settings(min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas,
+                    cold_start_s=cold_start(cfg, prof).miss_s, target_sessions_per_replica=rate * cfg.audio_s)
 
 
 def default_settings(cfg: SimConfig, prof: profiles.Profile) -> Settings:
@@ -423,15 +447,20 @@ def service_config(text: str, cfg: SimConfig) -> tuple[SimConfig, Settings, str]
     auto = spec.autoscaling
     assert auto is not None and auto.max_replicas is not None  # required when enabled
     cfg = replace(cfg, profile=auto.capacity_profile or cfg.profile, min_replicas=auto.min_replicas,
-                  max_replicas=auto.max_replicas, cold_start_s=float(auto.cold_start_seconds),
+                  max_replicas=auto.max_replicas,
+                  cold_start_s=None if auto.cold_start_seconds is None else float(auto.cold_start_seconds),
                   slo_ms=float(auto.target_p95_latency_ms or cfg.slo_ms),
                   target_qps_per_replica=auto.target_qps_per_replica or cfg.target_qps_per_replica,
                   max_batch_size=spec.batching.max_batch_size, max_queue_size=spec.batching.max_queue_size)
     prof = profiles.load(auto.capacity_profile, batching=spec.batching) if auto.capacity_profile else None
     settings = Settings.from_spec(auto, prof)
+    start = cold_start(cfg, load_profile(cfg))
+    cold = f"cold start {start.miss_s:g} s" + \
+        (f" ({start.hit_s:g} s with the model cached on the node)" if start.hit_s != start.miss_s else "") + \
+        (f", forecast {settings.start_s:g} s ahead" if settings.start_s != start.miss_s else "")
     taken = (f"CosyVoiceService {svc.name}: replicas {cfg.min_replicas}–{cfg.max_replicas}, SLO p95 "
              f"{cfg.slo_ms:g} ms{'' if auto.target_p95_latency_ms else ' (--slo-ms: it sets no targetP95LatencyMs)'}, "
-             f"cold start {cfg.cold_start_s:g} s, batch {cfg.max_batch_size}, queue {cfg.max_queue_size}, "
+             f"{cold}, batch {cfg.max_batch_size}, queue {cfg.max_queue_size}, "
              f"replica profile {cfg.profile}")
     return cfg, settings, taken
 
@@ -609,6 +638,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
              "vs oracle | scale ev/h | reversals/h | outage drop |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if frontier.scaled(r["policy"]):
+            continue  # a swept target: in the frontier table
         lines.append(f"| {r['trace']} | {r['policy']} | {_fmt(r['request_attainment'], True)} | "
                      f"{_fmt(r['minute_attainment'], True)} | {_fmt(r['min_minute_attainment'], True)} | "
                      f"{r['violating_minutes']:.1f} | {r['gpu_hours']:.2f} | "
@@ -618,17 +649,70 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _pyplot() -> Any:
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=72)
+    plt.close(fig)
+    return path
+
+
+def frontier_table(fronts: Sequence[dict[str, Any]]) -> str:
+    """Per family and swept autoscaler: the policy's point, the frontier's violating minutes at its GPU-hours and
+    GPU-hours at its violating minutes, and the verdict."""
+    lines = ["| trace | against | policy: violating min, GPU-hours | frontier's violating min at the policy's "
+             "GPU-hours | frontier's GPU-hours at the policy's violating min | verdict |",
+             "|---|---|---|---|---|---|"]
+    for f in fronts:
+        p = f["policy"]
+        lines.append(f"| {f['trace']} | {f['autoscaler']} | {p['violating_minutes']:.1f}, {p['gpu_hours']:.2f} | "
+                     f"{_fmt(f['frontier_violating_minutes_at_policy_gpu_hours'])} | "
+                     f"{_fmt(f['frontier_gpu_hours_at_policy_violating_minutes'])} | {f['verdict']} |")
+    return "\n".join(lines)
+
+
+def plot_frontiers(fronts: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """One figure per family: each swept autoscaler's targets and frontier, and the policy's point."""
+    plt = _pyplot()
+    colors = {"hpa": "tab:red", "hpa-arrival": "tab:pink", "keda": "tab:orange"}
+    paths = []
+    for trace in dict.fromkeys(f["trace"] for f in fronts):
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        mine = [f for f in fronts if f["trace"] == trace]
+        for f in mine:
+            c = colors.get(f["autoscaler"])
+            xs, ys = [p["gpu_hours"] for p in f["points"]], [p["violating_minutes"] for p in f["points"]]
+            ax.scatter(xs, ys, color=c, s=14, alpha=0.6)
+            for p in f["points"]:
+                ax.annotate(f"{p['target_x']:g}×", (p["gpu_hours"], p["violating_minutes"]), fontsize=6, color=c,
+                            textcoords="offset points", xytext=(3, 3))
+            fx, fy = zip(*f["frontier"])
+            ax.plot(fx, fy, color=c, label=f"{f['autoscaler']} frontier (target 0.5–1.5×)")
+        p = mine[0]["policy"]
+        ax.scatter([p["gpu_hours"]], [p["violating_minutes"]], marker="*", s=160, color="tab:blue", zorder=3,
+                   label="policy (against " + ", ".join(f"{f['autoscaler']}: {f['verdict']}" for f in mine) + ")")
+        ax.set_xlabel("GPU-hours (mean over seeds)")
+        ax.set_ylabel("violating minutes (mean over seeds)")
+        ax.set_title(f"{trace}: the policy against HPA and KEDA tuned ({mine[0]['seeds']} seeds)", fontsize=9)
+        ax.legend(fontsize=7)
+        paths.append(_save(plt, fig, out / f"frontier-{trace}.png"))
+    return paths
+
+
 def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, pick: dict[str, int]) -> list[Path]:
     """One figure per trace (the seed in ``pick``): offered load, replicas, p95 per minute."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     paths = []
     colors = {"policy": "tab:blue", "hpa": "tab:red", "hpa-arrival": "tab:pink", "keda": "tab:orange",
               "oracle": "tab:green", "static": "tab:gray", "reactive-bound": "tab:purple", "sessions": "tab:cyan"}
     for trace, seed in pick.items():
-        rs = [r for r in results if r.trace == trace and r.seed == seed]
+        rs = [r for r in results if r.trace == trace and r.seed == seed and not frontier.scaled(r.policy)]
         if not rs:
             continue
         fig, ax = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
@@ -647,11 +731,7 @@ def plot(results: Sequence[RunResult], out: Path, cfg: SimConfig, pick: dict[str
         ax[1].legend(loc="upper left", fontsize=8, ncol=4)
         params = ", ".join(f"{k} {v}" for k, v in rs[0].params.items() if k != "file")
         ax[0].set_title(f"{trace}: {params}", fontsize=9)
-        fig.tight_layout()
-        path = out / f"autoscaling-{trace}-{seed}.png"
-        fig.savefig(path, dpi=72)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(plt, fig, out / f"autoscaling-{trace}-{seed}.png"))
     return paths
 
 
@@ -727,6 +807,12 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
         for p in policies:
             if not valid_policy(p):
                 raise ValueError(f"unknown policy {p!r}")
+        if args.frontier:
+            if "policy" not in policies:
+                raise ValueError("--frontier places the policy against HPA's and KEDA's frontiers: add policy to "
+                                 "--policies")
+            policies += [p for base in ("hpa", "keda") for p in frontier.sweep(base, args.frontier)
+                         if p not in policies]
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -735,20 +821,27 @@ def run_cli(args: Any, clock: Callable[[], float]) -> int:
     rows = summarize(results)
     checks = verdicts(rows)
     bounds = pool_bound(results)
+    fronts = frontier.report(rows)
     if args.json:
-        print(json.dumps({"rows": rows, "verdicts": checks, "pool_bounds": bounds}, indent=1))
+        print(json.dumps({"rows": rows, "verdicts": checks, "pool_bounds": bounds, "frontiers": fronts}, indent=1))
     else:
         print(markdown_table(rows))
+        if fronts:
+            print(frontier_table(fronts))
         for v in checks + bounds:
             print(json.dumps(v))
         print(f"{len(results)} runs in {clock() - t0:.0f} s")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.md").write_text(markdown_table(rows) + "\n")
+        tables = [markdown_table(rows)] + ([frontier_table(fronts)] if fronts else [])
+        (out / "results.md").write_text("\n\n".join(tables) + "\n")
         (out / "results.json").write_text(json.dumps(
-            {"config": asdict(cfg), "service": args.service, "set": None if args.trace_file or args.from_prometheus else args.set,
-             "rows": rows, "verdicts": checks, "pool_bounds": bounds, "runs": [replace(r, series={}).__dict__ for r in results]},
+            {"config": asdict(cfg), "cold_start": asdict(cold_start(cfg, load_profile(cfg))), "service": args.service,
+             "set": None if args.trace_file or args.from_prometheus else args.set,
+             "rows": rows, "verdicts": checks, "pool_bounds": bounds, "frontiers": fronts,
+             "runs": [replace(r, series={}).__dict__ for r in results]},
             indent=1, default=str))
         plot(results, out, cfg, {t.name: s for t, s in reversed(work)})
+        plot_frontiers(fronts, out)
     return 0
