@@ -396,10 +396,11 @@ class _Session:
             chunk = self.resampler.chunk(audio) if self.resampler else audio
             return self.encoder.chunk(chunk) if len(chunk) else b""
 
-        # compressed formats and resampling cost milliseconds: off the event loop, as the HTTP path
+        # compressed formats and resampling cost milliseconds: off the event loop on the encoders' threads,
+        # as the HTTP path
         if FORMATS[self.options.response_format].muxer is None and self.resampler is None:
             return work()
-        return await asyncio.to_thread(work)
+        return await asyncio.get_running_loop().run_in_executor(self.s.encoders, work)
 
     async def _pump(self) -> None:
         # The scheduler ends every session with Done, its own deadline (text must become audio within

@@ -103,7 +103,7 @@ async def list_voices(request: Request, caller: VoiceCaller = Depends(caller_of)
     ready_or_503(s)
     voices = [_card(s, v) for v in s.pipeline.voices.values()]
     if s.voice_store is not None:
-        voices += [_registered_card(r) for r in await asyncio.to_thread(s.voice_store.records)]
+        voices += [_registered_card(r) for r in await s.on_store(s.voice_store.records)]
     listing = VoiceList(default=s.pipeline.manifest.voices.default, voices=voices)
     hidden = _hidden(caller)
     return JSONResponse(listing.model_dump(exclude=hidden and {"voices": {"__all__": hidden}}))
@@ -129,7 +129,7 @@ async def _record(s: ServerState, name: str) -> VoiceRecord | None:
     if s.voice_store is None:
         return None
     try:
-        return await asyncio.to_thread(s.voice_store.record, name)
+        return await s.on_store(s.voice_store.record, name)
     except UnreadableRecord as exc:
         raise APIError(500, f"The voice '{name}' is in the voice store but its record cannot be read ({exc.detail}); "
                        "it is left out of the listing until an operator repairs it or the admin key deletes it.",
@@ -190,7 +190,7 @@ async def delete_voice(request: Request, name: str, caller: VoiceCaller = Depend
                        param="name", code="bundled_voice")
     if not caller.admin:
         try:
-            rec = await asyncio.to_thread(s.voice_store.record, name)
+            rec = await s.on_store(s.voice_store.record, name)
         except UnreadableRecord:
             raise _not_owner(name, "its record cannot be read, so its owner is unknown") from None
         if rec is None:
@@ -198,7 +198,7 @@ async def delete_voice(request: Request, name: str, caller: VoiceCaller = Depend
         if rec.owner != caller.owner:
             raise _not_owner(name, "it was registered before voices had owners" if rec.owner is None
                              else "another key registered it")
-    if not await asyncio.to_thread(s.voice_store.delete, name):
+    if not await s.on_store(s.voice_store.delete, name):
         raise _not_found(name)
     log.info("voice %s deleted by %s", name, "the admin key" if caller.admin else caller.owner)
     return JSONResponse({"id": name, "object": "voice.deleted", "deleted": True})
