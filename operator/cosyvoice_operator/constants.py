@@ -85,7 +85,8 @@ COND_PROGRESSING: Final = "Progressing"
 COND_DEGRADED: Final = "Degraded"
 COND_CAPACITY: Final = "CapacityAvailable"
 COND_DEMO_MODEL: Final = "DemoModel"  # True: no spec.storage, the bundled random-weight model is served
-CONDITION_TYPES: Final = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_CAPACITY, COND_DEMO_MODEL)
+COND_CANARY: Final = "Canary"  # only with spec.canary: True while the canary serves its share
+CONDITION_TYPES: Final = (COND_READY, COND_PROGRESSING, COND_DEGRADED, COND_CAPACITY, COND_DEMO_MODEL, COND_CANARY)
 
 # Leader election: the Lease held by the one operator replica that acts (the others wait).
 LEASE_NAME: Final = MANAGER

@@ -68,8 +68,9 @@ CONFIG_MAPS = Resource("v1", "ConfigMap", "configmaps")
 PVCS = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 SERVICE_ACCOUNTS = Resource("v1", "ServiceAccount", "serviceaccounts")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
+HTTP_ROUTES = Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
 _BY_KIND = {(r.api_version, r.kind): r for r in (COSYVOICESERVICES, DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS,
-                                                 PODS, NODES)}
+                                                 PODS, NODES, HTTP_ROUTES)}
 
 
 def resource_of(api_version: str, kind: str) -> Resource:

@@ -19,8 +19,9 @@ from . import admin, apply, capacity, kube, render
 from .constants import API_VERSION, KIND, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, OPT_IN_LABEL, \
     OPT_IN_VALUE
 from .spec import CosyVoiceServiceSpec, InvalidSpec, UnknownField, check_name, parse_spec, unknown_fields
-from .status import Condition, Observed, conditions_for, invalid_conditions, parse_conditions, render_conditions, \
-    status_body, transitions
+from .canary.traffic import CANARY, effective_weight, split_replicas
+from .status import Condition, Observed, canary_condition, conditions_for, invalid_conditions, parse_conditions, \
+    render_conditions, status_body, transitions, with_canary_replicas
 
 Obj = dict[str, Any]
 Recorder = Callable[[Obj, str, str, str], None]  # (owner body, "Normal"|"Warning", reason, message)
@@ -98,7 +99,7 @@ class Reconciler:
         self.cluster_domain = cluster_domain
         self._guard = threading.Lock()
         self._keys: dict[tuple[str, str], _KeyState] = {}
-        self._created: set[tuple[str, str]] = set()  # (owner uid, kind) this process has created
+        self._created: set[tuple[str, str]] = set()  # (owner uid, kind/name) this process has created
         self._warned: set[tuple[str, str, int | None]] = set()
 
     # --- entry points -----------------------------------------------------------------------------
@@ -181,8 +182,13 @@ class Reconciler:
             check_name(owner.name)
             spec = parse_spec(cr.get("spec"))
             check_applied_manifest(cr)
-            rendered = render.render(owner, spec)
-            admin.check_bounds(spec, render.container_resources(spec).get("limits") or {}, self.policy.bounds)
+            canary = spec.canary_spec()
+            weight = effective_weight(spec.canary, canary.version, previous_status.get("canary")) \
+                if spec.canary is not None and canary is not None else 0
+            rendered = render.render(owner, spec, weight)
+            for version in (spec, canary) if canary is not None else (spec,):
+                admin.check_bounds(version, render.container_resources(version).get("limits") or {},
+                                   self.policy.bounds)
             self._check_references(owner, rendered)
             self._check_voice_store(cr, owner, spec)
             actions = [a for obj in rendered.objects if (a := self._ensure(cr, owner, obj))]
@@ -194,14 +200,25 @@ class Reconciler:
         for api_version, kind_ in rendered.absent:
             if (a := self._ensure_absent(cr, owner, kube.resource_of(api_version, kind_))):
                 actions.append(a)
+        if "canary" in previous_status:  # a canary ran: remove what its end (or its gateway's) left behind
+            for api_version, kind_, child in rendered.absent_canary:
+                if (a := self._ensure_absent(cr, owner, kube.resource_of(api_version, kind_), child)):
+                    actions.append(a)
 
         deployment = self.kube.get(kube.DEPLOYMENTS, owner.namespace, owner.name)
-        pods = self.kube.list(kube.PODS, owner.namespace, render.selector_labels(owner.name))
+        pods = [p for p in self.kube.list(kube.PODS, owner.namespace, render.selector_labels(owner.name))
+                if ((p.get("metadata") or {}).get("labels") or {}).get(render.LABEL_TRACK) != CANARY]
+        stable_n, canary_n = split_replicas(spec.desired_replicas, weight) if canary is not None \
+            else (spec.desired_replicas, 0)
         assessment = self._assess(owner, spec, cluster) if assess_capacity else None
-        observed = Observed(desired=spec.desired_replicas, deployment=deployment, pods=pods, capacity=assessment,
+        observed = Observed(desired=stable_n, deployment=deployment, pods=pods, capacity=assessment,
                             gpu_requested=spec.gpu is not None, max_unavailable=spec.rollout.max_unavailable,
                             demo_model=spec.storage is None)
         conditions = conditions_for(observed, previous)
+        canary_dep = None
+        if canary is not None:
+            canary_dep = self.kube.get(kube.DEPLOYMENTS, owner.namespace, render.child_name(owner, CANARY))
+            conditions.append(canary_condition(previous_status.get("canary"), canary_dep, canary_n))
         for type_, reason, message in transitions(previous, conditions):
             self.record(cr, type_, reason, message)
         status = status_body(
@@ -209,6 +226,10 @@ class Reconciler:
             conditions=render_conditions(conditions, previous_status, generation),
             selector=render.selector_string(owner.name), endpoint=render.endpoint(owner, spec, self.cluster_domain),
             gpu_resource=spec.gpu.resource if spec.gpu else None)
+        if canary is not None:
+            status = with_canary_replicas(status, canary_dep, stable_n, canary_n)
+        else:
+            status["canary"] = None  # the canary's figures go with it (removed only where present)
         self._patch_status(owner, status, previous_status)
         return Result(status=status, actions=actions)
 
@@ -238,11 +259,12 @@ class Reconciler:
     def _check_references(self, owner: render.Owner, rendered: render.Rendered) -> None:
         """Every Secret, ConfigMap, claim and ServiceAccount the pods would use is in the service's namespace
         (pods cannot reach others) and opted in by its owner's label; the operator reads only their metadata."""
-        dep = rendered.get("Deployment") or {}
+        used = [u for dep in rendered.objects if dep["kind"] == render.DEPLOYMENT[1]
+                for u in render.objects_used(dep["spec"]["template"]["spec"])]
         problems: list[str] = []
         kinds: set[str] = set()
         unlabelled: set[tuple[str, str]] = set()
-        for kind, where, name in render.objects_used(dep["spec"]["template"]["spec"]):
+        for kind, where, name in used:
             what = f"{kind} {name} ({where})"
             try:
                 obj = self.kube.get_metadata(_REFERENCED[kind], owner.namespace, name)
@@ -286,6 +308,12 @@ class Reconciler:
         try:
             return self._create_or_patch(cr, owner, res, name, target)
         except kube.ApiError as exc:
+            if res is kube.HTTP_ROUTES and exc.status in (403, 404):
+                raise InvalidSpec("spec.canary.gateway needs Gateway API HTTPRoutes: "
+                                  + ("the operator may not manage them (operator chart value gatewayAPI.enabled)"
+                                     if exc.status == 403 else "this cluster does not serve "
+                                     "gateway.networking.k8s.io/v1 HTTPRoute (install the Gateway API CRDs)")
+                                  + "; remove spec.canary.gateway to split by replicas instead") from None
             if exc.status in (400, 422):  # the API server's own validation: the spec cannot work as written
                 raise InvalidSpec(f"the API server rejected {res.kind} {name}: {exc.message or exc.reason}") from None
             raise
@@ -307,8 +335,8 @@ class Reconciler:
                     return None
                 raise
             else:
-                again = (owner.uid or "", res.kind) in self._created
-                self._created.add((owner.uid or "", res.kind))
+                again = (owner.uid or "", f"{res.kind}/{name}") in self._created
+                self._created.add((owner.uid or "", f"{res.kind}/{name}"))
                 verb = "Recreated" if again else "Created"
                 message = f"{verb} {res.kind} {name}" + (" (it was deleted)" if again else "")
                 self.record(cr, "Normal", verb, message)
@@ -318,7 +346,7 @@ class Reconciler:
                 _has_foreign_controller(live) or not _ours_by_labels(live, owner.name)):
             raise ChildConflict(f"{res.kind} {owner.namespace}/{name} already exists and is not controlled by "
                                 f"this {KIND}; delete or rename it")
-        self._created.add((owner.uid or "", res.kind))
+        self._created.add((owner.uid or "", f"{res.kind}/{name}"))
         patch = apply.merge_patch(target, live)
         if not patch:
             return None
@@ -328,18 +356,19 @@ class Reconciler:
         self.record(cr, "Normal", "Updated", message)
         return message
 
-    def _ensure_absent(self, cr: Obj, owner: render.Owner, res: kube.Resource) -> str | None:
+    def _ensure_absent(self, cr: Obj, owner: render.Owner, res: kube.Resource, name: str | None = None) -> str | None:
+        name = name or owner.name
         try:
-            live = self.kube.get(res, owner.namespace, owner.name)
+            live = self.kube.get(res, owner.namespace, name)
         except kube.ApiError as exc:
-            if res is kube.SERVICE_MONITORS:
-                return None  # the kind is not served at all
+            if res in (kube.SERVICE_MONITORS, kube.HTTP_ROUTES):
+                return None  # the kind is not served at all (or, for routes, not ours to manage)
             raise exc
         if live is None or not (is_controlled_by(live, owner.uid) if owner.uid else _ours_by_labels(live, owner.name)):
             return None
-        self.kube.delete(res, owner.namespace, owner.name)
-        self._created.discard((owner.uid or "", res.kind))
-        message = f"Deleted {res.kind} {owner.name} (disabled in the spec)"
+        self.kube.delete(res, owner.namespace, name)
+        self._created.discard((owner.uid or "", f"{res.kind}/{name}"))
+        message = f"Deleted {res.kind} {name} (disabled in the spec)"
         self.record(cr, "Normal", "Deleted", message)
         return message
 

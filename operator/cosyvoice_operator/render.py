@@ -11,11 +11,12 @@ from typing import Any
 
 from . import mig, quantity
 from .constants import (
-    API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, HEALTH_PATH,
+    API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, GROUP, HEALTH_PATH,
     KIND, LABEL_COMPONENT, LABEL_GPU_PRODUCT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
     LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_MOUNT, READY_PATH, REGISTRATION_KEY_DIR, REGISTRATION_KEY_FILE,
     SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME, TMP_MOUNT, VOICE_STORE_MOUNT,
 )
+from .canary.traffic import CANARY, STABLE, split_replicas
 from .server_settings import env as setting_env
 from .spec import CosyVoiceServiceSpec, Storage
 
@@ -39,8 +40,12 @@ DEPLOYMENT = ("apps/v1", "Deployment")
 SERVICE = ("v1", "Service")
 PDB = ("policy/v1", "PodDisruptionBudget")
 SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+HTTP_ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute")
 # Every kind the operator may own, in the order it applies them.
-CHILD_KINDS = (SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR)
+CHILD_KINDS = (SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, HTTP_ROUTE)
+# Which version a pod, Deployment or per-version Service runs: stable, or the canary (spec.canary).
+LABEL_TRACK = f"{GROUP}/track"
+LABEL_MODEL_VERSION = f"{GROUP}/model-version"
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -63,6 +68,8 @@ class Rendered:
     objects: list[Obj]
     # (apiVersion, kind) of children named like the owner that must not exist (e.g. a disabled PDB).
     absent: list[tuple[str, str]] = field(default_factory=list)
+    # (apiVersion, kind, name) of a canary's children that must not exist (no canary, or no gateway).
+    absent_canary: list[tuple[str, str, str]] = field(default_factory=list)
 
     def get(self, kind: str) -> Obj | None:
         return next((o for o in self.objects if o["kind"] == kind), None)
@@ -100,8 +107,13 @@ def common_labels(name: str, spec: CosyVoiceServiceSpec) -> dict[str, str]:
     return labels
 
 
-def _metadata(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
-    meta: Obj = {"name": owner.name, "namespace": owner.namespace, "labels": common_labels(owner.name, spec)}
+def child_name(owner: Owner, track: str | None) -> str:
+    """``<name>`` for the stable Deployment and the Service over both versions, ``<name>-<track>`` else."""
+    return owner.name if track in (None, STABLE) else f"{owner.name}-{track}"
+
+
+def _metadata(owner: Owner, spec: CosyVoiceServiceSpec, name: str | None = None) -> Obj:
+    meta: Obj = {"name": name or owner.name, "namespace": owner.namespace, "labels": common_labels(owner.name, spec)}
     if owner.uid:
         meta["ownerReferences"] = [{
             "apiVersion": API_VERSION, "kind": KIND, "name": owner.name, "uid": owner.uid,
@@ -352,16 +364,22 @@ def pod_spec(spec: CosyVoiceServiceSpec) -> Obj:
 
 # --- the children ---------------------------------------------------------------------------------
 
-def deployment(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
-    template_labels = {**spec.pod_labels, **common_labels(owner.name, spec)}
+def deployment(owner: Owner, spec: CosyVoiceServiceSpec, replicas: int | None = None, track: str = STABLE) -> Obj:
+    """The Deployment of one version: ``<name>`` (stable) or ``<name>-canary`` (``spec`` is then the canary's)."""
+    template_labels = {**spec.pod_labels, **common_labels(owner.name, spec), LABEL_TRACK: track}
+    meta = _metadata(owner, spec, child_name(owner, track))
+    meta["labels"].update({LABEL_TRACK: track, LABEL_MODEL_VERSION: spec.version})
+    # The stable selector predates canaries and is immutable: it also matches canary pods, which their own
+    # Deployment's ReplicaSets own (a Deployment only adopts pods and ReplicaSets no controller owns).
+    selector = selector_labels(owner.name) if track == STABLE else {**selector_labels(owner.name), LABEL_TRACK: track}
     return {
         "apiVersion": DEPLOYMENT[0], "kind": DEPLOYMENT[1],
-        "metadata": _metadata(owner, spec),
+        "metadata": meta,
         "spec": {
-            "replicas": spec.desired_replicas,
+            "replicas": spec.desired_replicas if replicas is None else replicas,
             "revisionHistoryLimit": 5,
             "progressDeadlineSeconds": spec.rollout.progress_deadline_seconds,
-            "selector": {"matchLabels": selector_labels(owner.name)},
+            "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {
                 "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
             "template": {
@@ -388,6 +406,33 @@ def service(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj:
     }
 
 
+def track_service(owner: Owner, spec: CosyVoiceServiceSpec, track: str) -> Obj:
+    """``<name>-stable`` or ``<name>-canary``: one version's pods, a backend of the HTTPRoute."""
+    svc = service(owner, spec)
+    svc["metadata"]["name"] = child_name(owner, track) if track == CANARY else f"{owner.name}-{STABLE}"
+    svc["metadata"]["labels"][LABEL_TRACK] = track
+    svc["spec"] = {**svc["spec"], "type": "ClusterIP", "selector": {**selector_labels(owner.name), LABEL_TRACK: track}}
+    return svc
+
+
+def http_route(owner: Owner, spec: CosyVoiceServiceSpec, weight: int) -> Obj:
+    """The Gateway API route that splits the traffic: ``weight`` % to the canary's Service, the rest to stable."""
+    canary = spec.canary
+    assert canary is not None and canary.gateway is not None
+    parent: Obj = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": canary.gateway.name}
+    if canary.gateway.namespace:
+        parent["namespace"] = canary.gateway.namespace
+    if canary.gateway.section_name:
+        parent["sectionName"] = canary.gateway.section_name
+    route: Obj = {"parentRefs": [parent], "rules": [{"backendRefs": [
+        {"kind": "Service", "name": f"{owner.name}-{STABLE}", "port": spec.service.port, "weight": 100 - weight},
+        {"kind": "Service", "name": child_name(owner, CANARY), "port": spec.service.port, "weight": weight},
+    ]}]}
+    if canary.hostnames:
+        route["hostnames"] = list(canary.hostnames)
+    return {"apiVersion": HTTP_ROUTE[0], "kind": HTTP_ROUTE[1], "metadata": _metadata(owner, spec), "spec": route}
+
+
 def pod_disruption_budget(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
     pdb = spec.pod_disruption_budget
     if not pdb.enabled:
@@ -412,7 +457,9 @@ def service_monitor(owner: Owner, spec: CosyVoiceServiceSpec) -> Obj | None:
         "apiVersion": SERVICE_MONITOR[0], "kind": SERVICE_MONITOR[1],
         "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": selector_labels(owner.name)},
+            # not the per-version Services of a canary: their pods are scraped through the Service over both
+            "selector": {"matchLabels": selector_labels(owner.name),
+                         "matchExpressions": [{"key": LABEL_TRACK, "operator": "DoesNotExist"}]},
             "endpoints": [{
                 "port": SERVER_PORT_NAME, "path": METRICS_PATH, "interval": sm.interval,
                 # the autoscaler's and the alerts' queries select a service's pods by this label
@@ -462,13 +509,29 @@ def objects_used(pod: Obj) -> list[tuple[str, str, str]]:
     return found
 
 
-def render(owner: Owner, spec: CosyVoiceServiceSpec) -> Rendered:
-    """All children of one CosyVoiceService, in the order they should be applied."""
-    objects: list[Obj] = [service(owner, spec), deployment(owner, spec)]
+def render(owner: Owner, spec: CosyVoiceServiceSpec, canary_weight: int | None = None) -> Rendered:
+    """All children of one CosyVoiceService, in the order they should be applied.
+
+    With ``spec.canary``: a second Deployment ``<name>-canary`` and the replicas split by the weight
+    (``canary_weight``, the weight in effect, defaults to ``spec.canary.weight``); with a gateway parent also
+    one Service per version and the HTTPRoute that splits the traffic by the same weight."""
+    canary = spec.canary_spec()
+    weight = 0 if spec.canary is None else spec.canary.weight if canary_weight is None else canary_weight
+    stable_n, canary_n = split_replicas(spec.desired_replicas, weight) if canary else (spec.desired_replicas, 0)
+    objects: list[Obj] = [service(owner, spec), deployment(owner, spec, stable_n)]
     absent: list[tuple[str, str]] = []
+    absent_canary = [(*DEPLOYMENT, child_name(owner, CANARY)), (*SERVICE, f"{owner.name}-{STABLE}"),
+                     (*SERVICE, child_name(owner, CANARY)), (*HTTP_ROUTE, owner.name)]
+    if canary is not None:
+        objects.append(deployment(owner, canary, canary_n, CANARY))
+        absent_canary = absent_canary[1:]
+        if spec.canary is not None and spec.canary.gateway is not None:
+            objects += [track_service(owner, spec, STABLE), track_service(owner, canary, CANARY),
+                        http_route(owner, spec, weight)]
+            absent_canary = []
     for kind, obj in ((PDB, pod_disruption_budget(owner, spec)), (SERVICE_MONITOR, service_monitor(owner, spec))):
         if obj is None:
             absent.append(kind)
         else:
             objects.append(obj)
-    return Rendered(objects=objects, absent=absent)
+    return Rendered(objects=objects, absent=absent, absent_canary=absent_canary)

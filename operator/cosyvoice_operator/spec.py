@@ -9,6 +9,8 @@ defaulted it.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import re
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -395,6 +397,64 @@ class Monitoring(_Model):
     service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
 
 
+# --- canary ----------------------------------------------------------------------------------------
+
+LABEL_VALUE_RE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$"
+CANARY_SAME = ("spec.canary must change something the stable version runs (image, storage, precision, voices, env, "
+               "resources or batching)")
+CANARY_SAME_VERSION = "spec.canary.modelVersion must differ from spec.modelVersion: metrics tell the versions apart by it"
+# The spec fields a canary may replace: what a model upgrade changes.
+CANARY_FIELDS = ("image", "storage", "precision", "voices", "env", "resources", "batching", "model_version")
+
+
+class GatewayParent(_Model):
+    """A Gateway API ``parentRef``: the Gateway (and optionally its listener) that routes to the service."""
+    name: ObjectName
+    namespace: ObjectName | None = None
+    section_name: str | None = Field(default=None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class CanaryAnalysis(_Model):
+    """Flagger-style automatic analysis: every ``intervalSeconds`` the canary's figures are compared with the
+    stable version's; a passing interval moves to the next of ``stepWeights``, after the last one the canary
+    is promoted; ``failureThreshold`` failing intervals in a row abort it."""
+    step_weights: list[Annotated[int, Field(ge=1, le=100)]] = Field(min_length=1, max_length=20)
+    interval_seconds: int = Field(default=60, ge=1, le=3600)
+    max_p95_latency_ratio: float = Field(default=1.2, gt=0, le=100)
+    max_time_to_first_audio_ratio: float = Field(default=1.2, gt=0, le=100)
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    min_requests: int = Field(default=20, ge=0, le=1_000_000)
+    failure_threshold: int = Field(default=1, ge=1, le=100)
+    promote: bool = True
+
+    @model_validator(mode="after")
+    def _increasing(self) -> CanaryAnalysis:
+        if any(b <= a for a, b in zip(self.step_weights, self.step_weights[1:], strict=False)):
+            raise ValueError("canary.analysis.stepWeights must increase")
+        return self
+
+
+class Canary(_Model):
+    weight: int = Field(ge=0, le=100)
+    # What differs from the stable version (unset: the same as spec's); the types are the spec's own.
+    image: str | None = Field(default=None, min_length=1, max_length=1024)
+    storage: Storage | None = None
+    precision: Precision | None = None
+    voices: Voices | None = None
+    env: list[EnvVar] | None = None
+    resources: Resources | None = None
+    batching: Batching | None = None
+    model_version: str | None = Field(default=None, max_length=63, pattern=LABEL_VALUE_RE)
+    gateway: GatewayParent | None = None
+    hostnames: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default_factory=list, max_length=16)
+    metrics_source: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    analysis: CanaryAnalysis | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The set fields among CANARY_FIELDS, as the CRD spells them."""
+        return self.model_dump(by_alias=True, exclude_none=True, include=set(CANARY_FIELDS))
+
+
 class CosyVoiceServiceSpec(_Model):
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=1024)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -422,6 +482,45 @@ class CosyVoiceServiceSpec(_Model):
     rollout: Rollout = Field(default_factory=Rollout)
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     monitoring: Monitoring = Field(default_factory=Monitoring)
+    model_version: str | None = Field(default=None, max_length=63, pattern=LABEL_VALUE_RE)
+    canary: Canary | None = None
+
+    @model_validator(mode="after")
+    def _canary_deployable(self) -> CosyVoiceServiceSpec:
+        if self.canary is None:
+            return self
+        if not self.canary.overrides().keys() - {"modelVersion"}:
+            raise ValueError(CANARY_SAME)
+        try:
+            canary = self.canary_spec()
+        except ValidationError as exc:
+            raise ValueError(f"spec.canary makes an invalid spec: {format_errors(exc)}") from None
+        if canary is not None and canary.version == self.version:
+            raise ValueError(CANARY_SAME_VERSION if self.model_version else CANARY_SAME)
+        return self
+
+    def canary_spec(self) -> CosyVoiceServiceSpec | None:
+        """The spec the canary runs: this one with the canary's fields in place of its own (and no canary)."""
+        if self.canary is None:
+            return None
+        raw = self.model_dump(by_alias=True, exclude_none=True, exclude={"canary"})
+        raw.update(self.canary.overrides())
+        return _validate(raw)
+
+    def promotion(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The merge patch of the stored spec ``raw`` that promotes the canary: its fields replace the spec's
+        (whole: a key the canary's storage lacks is removed, not merged), and ``spec.canary`` goes."""
+        overrides = self.canary.overrides() if self.canary else {}
+        return {**{k: _replacing(raw.get(k), v) for k, v in overrides.items()}, "canary": None}
+
+    @property
+    def version(self) -> str:
+        """The model version in labels and metrics: ``modelVersion``, else a digest of what defines the model."""
+        if self.model_version:
+            return self.model_version
+        what = self.model_dump(mode="json", by_alias=True, include=set(CANARY_FIELDS) - {"model_version"})
+        what["precision"] = self.effective_precision
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
 
     @model_validator(mode="after")
     def _replicas_within_autoscaling_bounds(self) -> CosyVoiceServiceSpec:
@@ -450,6 +549,13 @@ class CosyVoiceServiceSpec(_Model):
         if self.precision is not None:
             return self.precision
         return "fp16" if self.gpu is not None else "fp32"
+
+
+def _replacing(old: Any, new: Any) -> Any:
+    """A merge patch value that turns ``old`` into exactly ``new`` (keys only ``old`` has are nulled)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**{k: None for k in old if k not in new}, **{k: _replacing(old.get(k), v) for k, v in new.items()}}
+    return new
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

@@ -11,7 +11,8 @@ from datetime import datetime, UTC
 from typing import Any
 
 from .capacity import Assessment
-from .constants import COND_CAPACITY, COND_DEGRADED, COND_DEMO_MODEL, COND_PROGRESSING, COND_READY, CONDITION_TYPES
+from .constants import COND_CANARY, COND_CAPACITY, COND_DEGRADED, COND_DEMO_MODEL, COND_PROGRESSING, COND_READY, \
+    CONDITION_TYPES
 from .render import FETCH_CONTAINER_NAME
 
 Obj = dict[str, Any]
@@ -208,6 +209,29 @@ def demo_model_condition(observed: Observed) -> Condition:
     # (a storage-less CR is how a new GPU node pool, MIG layout or driver is smoke-tested).
     reason = "BundledDemoModelOnGPU" if observed.gpu_requested else "BundledDemoModel"
     return Condition(COND_DEMO_MODEL, "True", reason, DEMO_MODEL_MESSAGE)
+
+
+def canary_condition(canary: Obj | None, deployment: Obj | None, desired: int) -> Condition:
+    """The ``Canary`` condition from ``status.canary`` (the analysis' verdict) and the canary's Deployment."""
+    canary = canary or {}
+    reason, message = canary.get("reason") or "Starting", canary.get("message") or "no figures read yet"
+    if canary.get("phase") == "Aborted":
+        return Condition(COND_CANARY, "False", "Aborted", _short(message, 1000))
+    ready = int(_dep_status(deployment).get("readyReplicas") or 0)
+    if desired > 0 and ready == 0:
+        return Condition(COND_CANARY, "False", "WaitingForCanaryReplicas",
+                         f"0/{desired} canary replicas ready; {_short(message, 900)}")
+    return Condition(COND_CANARY, "True", reason, _short(message, 1000))
+
+
+def with_canary_replicas(body: Obj, deployment: Obj | None, stable_desired: int, canary_desired: int) -> Obj:
+    """``status_body``'s replica counts for both versions (the scale subresource reads status.replicas)."""
+    dep = _dep_status(deployment)
+    out = dict(body)
+    for key in ("replicas", "readyReplicas", "updatedReplicas", "availableReplicas"):
+        out[key] = int(body.get(key) or 0) + int(dep.get(key) or 0)
+    out["replicaSummary"] = f"{out['readyReplicas']}/{stable_desired + canary_desired}"
+    return out
 
 
 def invalid_conditions(message: str, previous: dict[str, Condition], reason: str = "InvalidSpec") -> list[Condition]:

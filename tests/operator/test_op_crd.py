@@ -193,6 +193,23 @@ INVALID: list[tuple[str, dict[str, Any] | None, str, str]] = [
     ) for spec in [json.loads(json.dumps(spec).replace("{}", bad))]],
     ("storage-subpath-escapes", {**G, "storage": {"pvc": {"claimName": "m", "subPath": "a/../../b"}}},
      "storage.pvc.subPath must stay inside the volume", "storage.pvc.subPath must stay inside the volume"),
+    # A canary changes what the stable version runs, with the spec's own rules for each field
+    ("canary-changes-nothing", {**G, "canary": {"weight": 10, "modelVersion": "v2"}},
+     "spec.canary must change something", "spec.canary must change something"),
+    ("canary-same-version-name", {**G, "modelVersion": "v1", "canary": {"weight": 10, "modelVersion": "v1",
+                                                                        "precision": "fp32"}},
+     "canary.modelVersion must differ", "canary.modelVersion must differ"),
+    ("canary-weight-above-100", {**G, "canary": {"weight": 101, "precision": "fp32"}}, "weight", "weight"),
+    ("canary-without-weight", {**G, "canary": {"precision": "fp32"}}, "weight", "weight"),
+    ("canary-storage-both-sources", {**G, "canary": {"weight": 5, "storage": {
+        "pvc": {"claimName": "m"}, "storageUri": "s3://b/m.tgz"}}},
+     "exactly one of storage.pvc or storage.storageUri", "exactly one of storage.pvc or storage.storageUri"),
+    ("canary-env-reserved", {**G, "canary": {"weight": 5, "env": [{"name": "COSYVOICE_API_KEY", "value": "k"}]}},
+     "may not set a variable the operator sets", "COSYVOICE_API_KEY is set by the operator"),
+    ("canary-gateway-name", {**G, "canary": {"weight": 5, "precision": "fp32", "gateway": {"name": "../gw"}}},
+     "name", "is not a Kubernetes object name"),
+    ("canary-step-weight-zero", {**G, "canary": {"weight": 5, "precision": "fp32",
+                                                 "analysis": {"stepWeights": [0, 50]}}}, "stepWeights", "stepWeights"),
 ]
 
 

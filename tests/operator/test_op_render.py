@@ -40,6 +40,10 @@ def validate(obj: Obj) -> None:
     if obj["kind"] == "ServiceMonitor":  # a Prometheus Operator CRD: kubernetes-validate has no schema
         assert set(obj["spec"]) == {"selector", "endpoints"}
         return
+    if obj["kind"] == "HTTPRoute":  # a Gateway API CRD: no schema either; its fields as gateway-api v1 names them
+        assert set(obj["spec"]) <= {"parentRefs", "hostnames", "rules"}
+        assert all(set(b) == {"kind", "name", "port", "weight"} for b in obj["spec"]["rules"][0]["backendRefs"])
+        return
     assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION
 
 
