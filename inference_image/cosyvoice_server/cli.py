@@ -107,10 +107,30 @@ def _size(text: str) -> int:
 
 def _fetch(args: argparse.Namespace) -> int:
     from .fetch import FetchError, Limits, fetch, shown, sigterm_raises
+    from .model_cache import CacheError, ensure
+    from .startup import Phases
 
+    if (args.dest is None) == (args.cache_dir is None):
+        print("error: give exactly one of --dest or --cache-dir", file=sys.stderr)
+        return 2
+    if args.cache_dir is not None and not args.sha256:
+        print("error: --cache-dir needs --sha256: cache entries are named and checked by the archive's digest",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level="INFO", format="%(message)s", stream=sys.stdout)
+    phases = Phases(emit=lambda line: print(line, flush=True))
+    limits = Limits(args.max_bytes, args.max_files, args.timeout_s)
     try:
         with sigterm_raises():
-            root = fetch(args.uri, Path(args.dest), args.sha256, Limits(args.max_bytes, args.max_files, args.timeout_s))
+            if args.cache_dir is None:
+                root = fetch(args.uri, Path(args.dest), args.sha256, limits, phases)
+            else:  # a wait for another pod's fill of the same entry is bounded by that pod's deadline
+                root = ensure(Path(args.cache_dir), args.sha256,
+                              lambda dest: fetch(args.uri, dest, args.sha256, limits, phases), phases,
+                              args.cache_max_bytes, args.cache_min_idle_s)
+    except CacheError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -145,6 +165,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from .fetch import Limits
+    from .model_cache import DEFAULT_MAX_BYTES, DEFAULT_MIN_IDLE_S
 
     parser = argparse.ArgumentParser(prog="cosyvoice-server", description=__doc__)
     parser.add_argument("--version", action="version", version=__version__)
@@ -153,9 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="report ONNX Runtime, CUDA and GPU/MIG facts, and what --device cuda lacks")
     f = sub.add_parser("fetch", help="download/unpack a model directory (the operator's init container)")
     f.add_argument("--uri", required=True, help="path, file://, http(s)://, s3:// or gs:// of a directory or archive")
-    f.add_argument("--dest", required=True, help="directory to fill")
-    f.add_argument("--sha256", help="expected SHA-256 of the archive")
     defaults = Limits()
+    f.add_argument("--dest", help="directory to fill (or --cache-dir)")
+    f.add_argument("--sha256", help="expected SHA-256 of the archive")
+    f.add_argument("--cache-dir", help="node-local model cache: the model lands in CACHE_DIR/sha256-<digest>/model, "
+                                       "fetched only if absent or damaged (needs --sha256)")
+    f.add_argument("--cache-max-bytes", type=_size, default=DEFAULT_MAX_BYTES,
+                   help="evict least recently used cache entries above this size (default 100Gi)")
+    f.add_argument("--cache-min-idle-s", type=float, default=DEFAULT_MIN_IDLE_S,
+                   help="never evict an entry used this recently (default %(default)s)")
     f.add_argument("--max-bytes", type=_size, default=defaults.max_bytes,
                    help="largest download, and largest unpacked size (default 20Gi)")
     f.add_argument("--max-files", type=int, default=defaults.max_files, help="most files in the model (default %(default)s)")

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from .model.manifest import ModelLoadError, load_manifest
+from .startup import Phases
 
 # The URI schemes `fetch` reads; the CRD's storageUri pattern accepts exactly these (a test checks).
 SCHEMES = ("file", "http", "https", "s3", "gs")
@@ -258,10 +259,11 @@ def _unpack(archive: Path, out: Path, limits: Limits, label: str) -> None:
     budget = _Budget(limits, f"{label} (unpacked)")
     out.mkdir()
     try:
-        if zipfile.is_zipfile(archive):
-            _unzip(archive, out, budget, label)
-        elif tarfile.is_tarfile(archive):
+        # tar first: a plain tar ending in a zip member (a voice's .npz) passes is_zipfile
+        if tarfile.is_tarfile(archive):
             _untar(archive, out, budget, label)
+        elif zipfile.is_zipfile(archive):
+            _unzip(archive, out, budget, label)
         else:
             raise FetchError(f"{label}: not a tar (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz) or zip archive")
     except FetchError:
@@ -339,8 +341,11 @@ def _already_there(dest: Path, record: str) -> bool:
         return False
 
 
-def fetch(uri: str, dest: Path, sha256: str | None = None, limits: Limits = Limits()) -> Path:
-    """Fills `dest` with the model at `uri`; returns `dest`. Raises FetchError with a one-line message."""
+def fetch(uri: str, dest: Path, sha256: str | None = None, limits: Limits = Limits(),
+          phases: Phases | None = None) -> Path:
+    """Fills `dest` with the model at `uri`; returns `dest`. Raises FetchError with a one-line message.
+    `phases` times the download (or copy) and the unpacking."""
+    phases = phases or Phases(emit=lambda line: None)
     label = shown(uri)
     scheme = urllib.parse.urlsplit(uri).scheme
     if scheme not in ("", *SCHEMES):
@@ -355,23 +360,26 @@ def fetch(uri: str, dest: Path, sha256: str | None = None, limits: Limits = Limi
         if local is not None and local.is_dir():
             if expected:
                 raise FetchError(f"{label}: --sha256 checks an archive; the source is a directory")
-            _copy_tree(local, tree, _Budget(limits, label))
+            with phases("copy"):
+                _copy_tree(local, tree, _Budget(limits, label))
         else:
             archive = stage / "archive"
             digest = hashlib.sha256()
             budget = _Budget(limits, label)
-            if local is not None:
-                try:
-                    with local.open("rb") as f:
-                        _copy(f, archive, budget, digest)
-                except OSError as exc:
-                    raise FetchError(f"{local}: {exc.strerror or exc}") from None
-            else:
-                {"http": _http, "https": _http, "s3": _s3, "gs": _gs}[scheme](uri, archive, budget, digest)
+            with phases("download"):
+                if local is not None:
+                    try:
+                        with local.open("rb") as f:
+                            _copy(f, archive, budget, digest)
+                    except OSError as exc:
+                        raise FetchError(f"{local}: {exc.strerror or exc}") from None
+                else:
+                    {"http": _http, "https": _http, "s3": _s3, "gs": _gs}[scheme](uri, archive, budget, digest)
             if expected and (got := digest.hexdigest()) != expected:
                 raise FetchError(f"{label}: SHA-256 mismatch: expected {expected}, got {got}")
-            _unpack(archive, tree, limits, label)
-            archive.unlink()
+            with phases("unpack"):
+                _unpack(archive, tree, limits, label)
+                archive.unlink()
         root = _model_root(tree, label)
         try:
             load_manifest(root)

@@ -19,8 +19,10 @@ from .engine.pipeline import Pipeline, Voice
 from .frontend import TextFrontend
 from .model.manifest import voice_aliases
 from .metrics import Metrics
+from .model_cache import hold_in_use
 from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
 from .scheduling.scheduler import Scheduler, SchedulerConfig
+from .startup import Phases
 from .streaming import ChunkPlanner
 from .streamtext import StreamTokenizer
 from .text_workers import TextWorkers
@@ -30,8 +32,6 @@ from .voices.worker import ExtractionPool
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up."
-
-STORE_IO_THREADS = 2  # voice-store reads are small files; two keep a listing from waiting behind a lookup
 
 
 class InstructionError(ValueError):
@@ -79,22 +79,19 @@ class ServerState:
     # few threads (cores + 4) were all held by them, compressed responses could not be encoded.
     encoders: ThreadPoolExecutor = field(init=False)
     registrations: ThreadPoolExecutor = field(init=False)
-    store_io: ThreadPoolExecutor = field(init=False)  # reads and deletes of the voice store (disk or shared volume)
+    phases: Phases = field(init=False)  # the start's phases, logged and in cosyvoice_startup_phase_seconds
+    model_lock: int | None = None  # a shared flock on a fetched model: the node cache does not evict it while held
 
     def __post_init__(self) -> None:
+        self.phases = Phases(lambda phase, seconds: self.metrics.startup_phase.labels(phase).set(seconds))
         self.encoders = ThreadPoolExecutor(self.settings.audio_encoder_threads, thread_name_prefix="audio-encoder")
         # one per registration that may run (more get 429 before they need one)
         self.registrations = ThreadPoolExecutor(self.settings.voice_registration_concurrency,
                                                 thread_name_prefix="voice-registration")
-        self.store_io = ThreadPoolExecutor(STORE_IO_THREADS, thread_name_prefix="voice-store")
 
     def close_executors(self) -> None:
-        for executor in (self.encoders, self.registrations, self.store_io):
+        for executor in (self.encoders, self.registrations):
             executor.shutdown(wait=False, cancel_futures=True)
-
-    async def on_store(self, fn, *args):
-        """`fn(*args)` on the voice store's threads: a slow shared volume delays voice lookups, nothing else."""
-        return await asyncio.get_running_loop().run_in_executor(self.store_io, fn, *args)
 
     @property
     def model_id(self) -> str:
@@ -107,9 +104,11 @@ class ServerState:
         s = self.settings
         from .engine.runtime import RuntimeOptions
 
+        self.model_lock = hold_in_use(s.model_dir)
+
         opts = RuntimeOptions(device_id=s.device_id, gpu_mem_limit_bytes=s.gpu_mem_limit_bytes,
                               intra_op_threads=s.intra_op_threads)
-        self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts)
+        self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts, self.phases, s.session_load_threads)
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
         if s.voice_store_dir is not None:
@@ -120,10 +119,12 @@ class ServerState:
                 self.metrics.voice_store_unreadable.labels(reason).set_function(
                     lambda reason=reason: self.voice_store.unreadable[reason])
         if s.allow_voice_registration:
-            self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency, s.voice_worker_memory_mib,
-                                             lambda reason: self.metrics.voice_extraction_replacements.labels(reason).inc())
+            with self.phases("voice_workers"):
+                self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency, s.voice_worker_memory_mib,
+                                                 lambda reason: self.metrics.voice_extraction_replacements.labels(reason).inc())
             self.metrics.voice_extraction_workers.set_function(lambda: self.extraction.live)
-        self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
+        with self.phases("text_workers"):
+            self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
                                                                   int(s.stream_max_kv_mib * (1 << 20)),
                                                                   s.http_reserved_share, s.stream_reserved_share),
@@ -132,6 +133,10 @@ class ServerState:
 
     async def warm_up(self) -> None:
         """One real synthesis through every stage, so the first user request pays no lazy init."""
+        with self.phases("warmup"):
+            await self._warm_up()
+
+    async def _warm_up(self) -> None:
         req = self.new_request(SpeechRequest(model=self.model_id, input=WARMUP_TEXT, seed=0), None,
                                await self.text_segments(WARMUP_TEXT))
         # Not bound by --request-timeout-s: an expired request is dropped without a Done, which would
@@ -158,7 +163,7 @@ class ServerState:
             return self.pipeline.voices[bundled]
         if self.prompt_cache is None or name is None:
             return None
-        found = await self.on_store(self.prompt_cache.lookup, name)
+        found = await asyncio.to_thread(self.prompt_cache.lookup, name)
         self.metrics.voice_cache_bytes.set(self.prompt_cache.bytes)
         return found
 

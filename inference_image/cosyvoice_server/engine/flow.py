@@ -51,8 +51,8 @@ class FlowEngine:
         self.rt = rt
         self.spec = spec
         self.ratio = token_mel_ratio
-        self.encoder = rt.session(encoder)
-        self.estimator = rt.session(estimator)
+        self.encoder = rt.session(encoder, "flow_encoder")
+        self.estimator = rt.session(estimator, "flow_estimator")
         self.cfm_step = CFMStep(rt)
         self.t_span = cosine_t_span(spec.n_timesteps)
         self.noise = noise  # [80, max frames]
@@ -122,7 +122,7 @@ class VocoderInput:
 
 class VocoderEngine:
     def __init__(self, rt: Runtime, path: Path, hop_samples: int) -> None:
-        self.session = rt.session(path)
+        self.session = rt.session(path, "vocoder")
         self.hop = hop_samples
         noise = next(i for i in self.session.get_inputs() if i.name == "noise")
         self.harmonics = int(noise.shape[-1])

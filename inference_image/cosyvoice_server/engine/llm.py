@@ -54,7 +54,7 @@ class LLMEngine:
     def __init__(self, rt: Runtime, onnx_path: Path, spec: LLMSpec, embeddings: dict[str, np.ndarray]) -> None:
         self.rt = rt
         self.spec = spec
-        self.session = rt.session(onnx_path)
+        self.session = rt.session(onnx_path, "llm")
         self.ops = KVOps(rt, 2 * spec.num_layers)
         self.kv_names = [f"past_key_values.{i}.{k}" for i in range(spec.num_layers) for k in ("key", "value")]
         self.present_names = [f"present.{i}.{k}" for i in range(spec.num_layers) for k in ("key", "value")]

@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..frontend import TextFrontend
 from ..model.manifest import Manifest, ModelLoadError, Precision, stage_file, validate_model_dir
+from ..startup import Phases
 from .flow import FlowEngine, VocoderEngine
 from .llm import LLMEngine
 from .runtime import DeviceRequest, Runtime, RuntimeOptions
@@ -130,23 +132,30 @@ def choose_precision(requested: str, device: str, m: Manifest) -> Precision:
 
 class Pipeline:
     def __init__(self, model_dir: Path, device: DeviceRequest = "auto", precision: str = "auto",
-                 options: RuntimeOptions | None = None) -> None:
+                 options: RuntimeOptions | None = None, phases: Phases | None = None, load_threads: int = 3) -> None:
+        """`load_threads` stages' sessions are created side by side (ONNX Runtime's graph optimisation of one
+        session runs on one core); `phases` times each session and the rest of the load."""
         t0 = time.perf_counter()
+        phases = phases or Phases(emit=log.debug)
         self.model_dir = model_dir
         self.manifest = m = validate_model_dir(model_dir, "fp32")
-        self.runtime = Runtime(device, options)
+        self.runtime = Runtime(device, options, phases)
         self.precision = choose_precision(precision, self.runtime.device, m)
         if self.precision != "fp32":
             validate_model_dir(model_dir, self.precision)
         p = self.precision
         self.frontend = TextFrontend.of_model(model_dir, m.frontend)
         emb = _load_npz(model_dir / m.llm.embeddings, ("text_embedding", "speech_embedding", "llm_embedding"))
-        self.llm = LLMEngine(self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
-        self.flow = FlowEngine(self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),
+        with phases("sessions"), ThreadPoolExecutor(load_threads, thread_name_prefix="session-load") as pool:
+            llm = pool.submit(LLMEngine, self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
+            flow = pool.submit(FlowEngine, self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),
                                stage_file(model_dir, m.flow.estimator, p, "flow.estimator"), m.flow, m.token_mel_ratio,
                                load_flow_noise(model_dir, m))
-        self.vocoder = VocoderEngine(self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"), m.hop_samples)
-        self.voices = load_voices(model_dir, m)
+            vocoder = pool.submit(VocoderEngine, self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"),
+                                  m.hop_samples)
+            self.llm, self.flow, self.vocoder = llm.result(), flow.result(), vocoder.result()
+        with phases("voices"):
+            self.voices = load_voices(model_dir, m)
         if m.voices.default not in self.voices:
             raise ModelLoadError(f"{model_dir / m.voices.dir}: the default voice '{m.voices.default}' is missing")
         log.info("loaded %s from %s on %s (%s) in %.2fs; voices: %s", m.name, model_dir, self.runtime.device, p,

@@ -9,6 +9,7 @@ On CPU the same code runs with device type "cpu".
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,8 @@ from typing import Literal
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from ..startup import Phases
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,9 @@ def _probe_model() -> bytes:
 
 
 class Runtime:
-    def __init__(self, device: DeviceRequest, options: RuntimeOptions | None = None) -> None:
+    def __init__(self, device: DeviceRequest, options: RuntimeOptions | None = None, phases: Phases | None = None) -> None:
         self.options = options or RuntimeOptions()
+        self.phases = phases
         self.device = self._resolve(device)
         self.ort_device = "cuda" if self.device == "cuda" else "cpu"
         self.device_id = self.options.device_id if self.device == "cuda" else 0
@@ -98,7 +102,12 @@ class Runtime:
         log.info("device auto: using the CPU (%s)", reason)
         return "cpu"
 
-    def session(self, path: Path | bytes) -> ort.InferenceSession:
+    def session(self, path: Path | bytes, stage: str | None = None) -> ort.InferenceSession:
+        """A session on the device; a named `stage`'s creation is timed as the start-up phase session_<stage>."""
+        with self.phases(f"session_{stage}") if stage and self.phases else nullcontext():
+            return self._session(path)
+
+    def _session(self, path: Path | bytes) -> ort.InferenceSession:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.options.intra_op_threads
