@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up."
 
+STORE_IO_THREADS = 2  # voice-store reads are small files; two keep a listing from waiting behind a lookup
+
 
 class InstructionError(ValueError):
     """A request's `instructions` cannot be applied; the message says why."""
@@ -81,6 +83,7 @@ class ServerState:
     registrations: ThreadPoolExecutor = field(init=False)
     phases: Phases = field(init=False)  # the start's phases, logged and in cosyvoice_startup_phase_seconds
     model_lock: int | None = None  # a shared flock on a fetched model: the node cache does not evict it while held
+    store_io: ThreadPoolExecutor = field(init=False)  # reads and deletes of the voice store (disk or shared volume)
 
     def __post_init__(self) -> None:
         self.phases = Phases(lambda phase, seconds: self.metrics.startup_phase.labels(phase).set(seconds))
@@ -88,10 +91,15 @@ class ServerState:
         # one per registration that may run (more get 429 before they need one)
         self.registrations = ThreadPoolExecutor(self.settings.voice_registration_concurrency,
                                                 thread_name_prefix="voice-registration")
+        self.store_io = ThreadPoolExecutor(STORE_IO_THREADS, thread_name_prefix="voice-store")
 
     def close_executors(self) -> None:
-        for executor in (self.encoders, self.registrations):
+        for executor in (self.encoders, self.registrations, self.store_io):
             executor.shutdown(wait=False, cancel_futures=True)
+
+    async def on_store(self, fn, *args):
+        """`fn(*args)` on the voice store's threads: a slow shared volume delays voice lookups, nothing else."""
+        return await asyncio.get_running_loop().run_in_executor(self.store_io, fn, *args)
 
     @property
     def model_id(self) -> str:
@@ -163,7 +171,7 @@ class ServerState:
             return self.pipeline.voices[bundled]
         if self.prompt_cache is None or name is None:
             return None
-        found = await asyncio.to_thread(self.prompt_cache.lookup, name)
+        found = await self.on_store(self.prompt_cache.lookup, name)
         self.metrics.voice_cache_bytes.set(self.prompt_cache.bytes)
         return found
 
