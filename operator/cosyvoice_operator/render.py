@@ -13,8 +13,8 @@ from . import mig, quantity
 from .constants import (
     API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, GROUP, HEALTH_PATH,
     KIND, LABEL_COMPONENT, LABEL_GPU_PRODUCT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
-    LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_MOUNT, READY_PATH, REGISTRATION_KEY_DIR, REGISTRATION_KEY_FILE,
-    SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME, TMP_MOUNT, VOICE_STORE_MOUNT,
+    LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_CACHE_ENTRY, MODEL_CACHE_MOUNT, MODEL_MOUNT, NODE_MODEL_CACHE_PATH,
+    READY_PATH, REGISTRATION_KEY_DIR, REGISTRATION_KEY_FILE, SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME, TMP_MOUNT, VOICE_STORE_MOUNT,
 )
 from .canary.traffic import CANARY, STABLE, split_replicas
 from .server_settings import env as setting_env
@@ -201,7 +201,11 @@ def _probe(path: str, period: int, timeout: int, failures: int) -> Obj:
 
 def server_container(spec: CosyVoiceServiceSpec) -> Obj:
     mounts: list[Obj] = [{"name": "tmp", "mountPath": TMP_MOUNT}]
-    if spec.storage is not None:
+    if spec.storage is not None and spec.storage.cache is not None:
+        # the node cache's entry, read-only; the fetch step has checked it and the server holds it in use
+        mounts.append({"name": "model-cache", "mountPath": MODEL_MOUNT, "readOnly": True,
+                       "subPath": MODEL_CACHE_ENTRY.format(digest=spec.storage.sha256)})
+    elif spec.storage is not None:
         mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
         if spec.storage.pvc is not None and spec.storage.pvc.sub_path:
             mount["subPath"] = spec.storage.pvc.sub_path
@@ -245,9 +249,15 @@ def fetch_container(spec: CosyVoiceServiceSpec) -> Obj | None:
         return None
     # A model bigger than its volume would get the pod evicted mid-fetch; fetch refuses it with a reason instead.
     max_bytes = int(quantity.parse(model_volume_size(storage)))
-    command = [*FETCH_COMMAND, "--uri", storage.storage_uri, "--dest", MODEL_MOUNT, "--max-bytes", str(max_bytes)]
+    if storage.cache is not None:  # the model lands in the node's cache, not in a volume of this pod
+        where, model_mount = ["--cache-dir", MODEL_CACHE_MOUNT], {"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT}
+    else:
+        where, model_mount = ["--dest", MODEL_MOUNT], {"name": "model", "mountPath": MODEL_MOUNT}
+    command = [*FETCH_COMMAND, "--uri", storage.storage_uri, *where, "--max-bytes", str(max_bytes)]
     if storage.sha256:
         command += ["--sha256", storage.sha256]
+    if storage.cache is not None:
+        command += ["--cache-max-bytes", str(int(quantity.parse(storage.cache.max_size)))]
     container: Obj = {
         "name": FETCH_CONTAINER_NAME,
         "image": spec.image,
@@ -256,7 +266,7 @@ def fetch_container(spec: CosyVoiceServiceSpec) -> Obj | None:
         "env": [{"name": "HOME", "value": TMP_MOUNT}],
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "model", "mountPath": MODEL_MOUNT}, {"name": "tmp", "mountPath": TMP_MOUNT}],
+        "volumeMounts": [model_mount, {"name": "tmp", "mountPath": TMP_MOUNT}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if storage.credentials_secret is not None:
@@ -275,6 +285,12 @@ def volumes(spec: CosyVoiceServiceSpec) -> list[Obj]:
     if storage is not None and storage.pvc is not None:
         vols.append({"name": "model", "persistentVolumeClaim": {
             "claimName": storage.pvc.claim_name, "readOnly": storage.pvc.read_only}})
+    elif storage is not None and storage.cache is not None:
+        cache = storage.cache
+        vols.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.pvc.claim_name}}
+                    if cache.pvc is not None else
+                    # Directory, not DirectoryOrCreate: the kubelet would create it owned by root, unwritable here
+                    {"name": "model-cache", "hostPath": {"path": NODE_MODEL_CACHE_PATH, "type": "Directory"}})
     elif storage is not None:
         vols.append({"name": "model", "emptyDir": {"sizeLimit": model_volume_size(storage)}})
     if spec.api_key_secret is not None:

@@ -86,12 +86,23 @@ class PVCSource(_Model):
         return self
 
 
+class CachePVC(_Model):
+    claim_name: ObjectName
+
+
+class ModelCache(_Model):
+    """The node-local model cache; without a claim, the node's directory (a hostPath)."""
+    pvc: CachePVC | None = None
+    max_size: Quantity = "100Gi"
+
+
 class Storage(_Model):
     pvc: PVCSource | None = None
     storage_uri: str | None = Field(default=None, pattern=STORAGE_URI_RE, max_length=2048)
     sha256: str | None = Field(default=None, pattern=r"^[a-f0-9]{64}$")
     size_limit: Quantity | None = None
     credentials_secret: LocalObjectReference | None = None
+    cache: ModelCache | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Storage:
@@ -102,6 +113,9 @@ class Storage(_Model):
                                 ("credentialsSecret", self.credentials_secret)):
                 if value is not None:
                     raise ValueError(f"storage.{name} applies to storage.storageUri only")
+        if self.cache is not None and (self.storage_uri is None or self.sha256 is None):
+            raise ValueError("storage.cache needs storage.storageUri and storage.sha256: cache entries are named and "
+                             "checked by the archive's digest")
         return self
 
 

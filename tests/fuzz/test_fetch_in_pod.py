@@ -52,28 +52,34 @@ exec chroot "$R" setpriv --reuid "$RUN_UID" --regid "$RUN_GID" --clear-groups --
 """
 
 
-def rendered_fetch_pod(uri: str, sha256: str | None) -> tuple[dict, dict]:
+def rendered_fetch_pod(uri: str, sha256: str | None, cache: dict | None = None) -> tuple[dict, dict]:
     from cosyvoice_operator import render
     from cosyvoice_operator.spec import parse_spec
 
-    storage = {"storageUri": uri} | ({"sha256": sha256} if sha256 else {})
+    storage = {"storageUri": uri} | ({"sha256": sha256} if sha256 else {}) | ({"cache": cache} if cache is not None else {})
     objs = render.render(render.Owner(name="tts", namespace="speech", uid="u"), parse_spec({"storage": storage}))
     pod = objs.get("Deployment")["spec"]["template"]["spec"]
     (container,) = pod["initContainers"]
     return pod, container
 
 
-def run_like_the_pod(uri: str, sha256: str | None, tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict[str, Path]]:
-    pod, c = rendered_fetch_pod(uri, sha256)
+def run_like_the_pod(uri: str, sha256: str | None, tmp_path: Path,
+                     node_cache: Path | None = None) -> tuple[subprocess.CompletedProcess, dict[str, Path]]:
+    """`node_cache`: the node's directory behind the rendered hostPath cache volume (kept between pods)."""
+    pod, c = rendered_fetch_pod(uri, sha256, None if node_cache is None else {})
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     volumes_arg, dirs = [], {}
     for m in c["volumeMounts"]:
-        assert "emptyDir" in volumes[m["name"]], m  # what the kubelet makes: an empty, world-writable folder
-        host = tmp_path / f"vol-{m['name']}"
-        host.mkdir()
-        host.chmod(0o777)
+        if "hostPath" in volumes[m["name"]]:
+            assert volumes[m["name"]]["hostPath"]["type"] == "Directory" and node_cache is not None
+            host = node_cache  # prepared on the node, owned by the pods' user (docs/operations.md)
+        else:
+            assert "emptyDir" in volumes[m["name"]], m  # what the kubelet makes: an empty, world-writable folder
+            host = tmp_path / f"vol-{m['name']}"
+            host.mkdir()
+            host.chmod(0o777)
         dirs[m["mountPath"]] = host
         volumes_arg.append(f"{host}:{m['mountPath']}")
     venv = Path(sys.prefix)
@@ -126,3 +132,41 @@ def test_the_emulated_root_really_is_read_only(tmp_path):
         r, dirs = run_like_the_pod("https://h/m.tgz", None, tmp_path)
     assert "Read-only file system" in r.stdout and "volumes-writable" in r.stdout, (r.stdout, r.stderr)
     assert not (probe / "x").exists()
+
+
+def test_node_cache_filled_by_the_first_pod_and_used_read_only_by_the_next(tmp_path):
+    from cosyvoice_operator.constants import MODEL_CACHE_ENTRY
+
+    from cosyvoice_server.model_cache import MODEL, entry_name
+
+    digest = model_tar(tmp_path / "m.tgz")
+    node = tmp_path / "node-cache"
+    node.mkdir()
+    os.chown(node, 10001, 10001)
+    gets = []
+    http = HTTPFiles()
+    try:
+        data = (tmp_path / "m.tgz").read_bytes()
+
+        def send(req):
+            gets.append(1)
+            req.send_response(200)
+            req.send_header("Content-Length", str(len(data)))
+            req.end_headers()
+            req.wfile.write(data)
+        url = http.add("/cv2/m.tgz", send)
+        for pod in ("first", "second"):
+            (tmp_path / pod).mkdir()
+            r, _ = run_like_the_pod(url, digest, tmp_path / pod, node_cache=node)
+            assert r.returncode == 0, r.stderr
+        assert len(gets) == 1  # the second pod downloaded nothing
+        assert "cache_verify" in r.stdout
+        # the server container's read-only subPath is the entry fetch filled and checked
+        pod_spec, _ = rendered_fetch_pod(url, digest, {})
+        (mount,) = [m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "model-cache"]
+        assert mount["readOnly"] and mount["subPath"] == MODEL_CACHE_ENTRY.format(digest=digest)
+        assert mount["subPath"] == f"{entry_name(digest)}/{MODEL}"
+        assert (node / mount["subPath"] / "model.yaml").is_file()
+        assert {p.stat().st_uid for p in node.rglob("*")} == {10001}
+    finally:
+        http.close()
