@@ -62,6 +62,7 @@ def chart_rules() -> str:
         "namespaced": permissions.rules("namespaced", cluster_wide=False),
         "clusterWide": permissions.rules("namespaced", cluster_wide=True),
         "ownNamespace": permissions.rules(own_namespace=True),
+        "gatewayAPI": permissions.rules(feature="gatewayAPI"),
     })
 
 

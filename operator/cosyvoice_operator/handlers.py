@@ -6,6 +6,8 @@
 * resync loop       every ``resync_seconds``: drift, status and GPU capacity for every service
 * autoscale loop    every service with ``spec.autoscaling.enabled`` is evaluated each ``intervalSeconds``
                     (``autoscaling/controller.py``); the handlers above tell the loop which services exist
+* canary loop       every service with ``spec.canary``: figures, analysis, promotion or abort each interval
+                    (``canary/controller.py``)
 * probe             ``/healthz`` (``run --liveness``) reports the last successful resync
 
 No timers or daemons on the CR: those make kopf put a finalizer on it, which blocks ``kubectl delete``
@@ -26,6 +28,7 @@ import kopf
 from . import admin
 from .constants import GROUP, LABEL_MANAGED_BY, MANAGER, PLURAL, VERSION
 from .autoscaling.controller import Autoscaler, post_event
+from .canary.controller import CanaryController
 from .kube import ApiError, Kube
 from .reconcile import Reconciler, owner_of
 from .spec import InvalidSpec
@@ -89,11 +92,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.autoscaler = Autoscaler(memo.kube, policy=policy)  # posts its events itself: it runs outside handlers
     memo.autoscale_due = {}  # (namespace, name) -> loop time of the next evaluation
     memo.autoscale_task = asyncio.create_task(_autoscale_forever(memo))
+    memo.canary = CanaryController(memo.kube, policy=policy, applied=memo.reconciler.nudge)
+    memo.canary_due = {}
+    memo.canary_task = asyncio.create_task(_every_interval(memo.canary_due, memo.canary.evaluate, "canary"))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for key in ("resync_task", "autoscale_task"):
+    for key in ("resync_task", "autoscale_task", "canary_task"):
         task = memo.get(key)
         if task is not None:
             task.cancel()
@@ -155,17 +161,27 @@ def _track_autoscaling(memo: kopf.Memo, body: kopf.Body) -> None:
     meta = body.get("metadata", {})
     if due is not None and memo.autoscaler.interval(_plain(body)) is not None:
         due.setdefault((meta.get("namespace") or "", meta["name"]), 0.0)
+    canary_due = memo.get("canary_due")
+    if canary_due is not None and memo.canary.interval(_plain(body)) is not None:
+        canary_due.setdefault((meta.get("namespace") or "", meta["name"]), 0.0)
 
 
 async def _autoscale_forever(memo: kopf.Memo, tick: float = 0.5) -> None:
-    """Evaluate each autoscaled service every ``intervalSeconds``, each in a worker thread, one at a time per
-    service (a slow Prometheus delays that service only). No kopf timer: that would add a finalizer."""
+    """Evaluate each autoscaled service every ``intervalSeconds``."""
+    def evaluate(namespace: str, name: str) -> float | None:
+        decision = memo.autoscaler.evaluate(namespace, name)
+        return None if decision is None else memo.autoscaler.interval_of(namespace, name)
+
+    await _every_interval(memo.autoscale_due, evaluate, "autoscaling", tick)
+
+
+async def _every_interval(due: dict[tuple[str, str], float], evaluate: Callable[[str, str], float | None],
+                          what: str, tick: float = 0.5) -> None:
+    """Run ``evaluate(namespace, name)`` for each service in ``due`` when its time comes, each in a worker
+    thread, one at a time per service (a slow Prometheus delays that service only); it returns the seconds
+    until the next run, None to drop the service. No kopf timer: that would add a finalizer."""
     loop = asyncio.get_running_loop()
     running: dict[tuple[str, str], tuple[asyncio.Future[Any], float]] = {}  # key -> (evaluation, start)
-
-    def evaluate(key: tuple[str, str]) -> float | None:
-        decision = memo.autoscaler.evaluate(*key)
-        return None if decision is None else memo.autoscaler.interval_of(*key)
 
     while True:
         await asyncio.sleep(tick)
@@ -177,15 +193,15 @@ async def _autoscale_forever(memo: kopf.Memo, tick: float = 0.5) -> None:
             try:
                 interval = future.result()
             except ApiError as exc:
-                log.warning("autoscaling %s/%s failed, retrying: %s", *key, exc)
+                log.warning("%s %s/%s failed, retrying: %s", what, *key, exc)
                 interval = 5.0
             except Exception:  # the loop must survive anything one evaluation throws
-                log.exception("autoscaling %s/%s failed unexpectedly", *key)
+                log.exception("%s %s/%s failed unexpectedly", what, *key)
                 interval = 15.0
             if interval is None:
-                memo.autoscale_due.pop(key, None)
+                due.pop(key, None)
             else:
-                memo.autoscale_due[key] = max(now, started + interval)  # a fixed period, like HPA's sync
-        for key, at in list(memo.autoscale_due.items()):
+                due[key] = max(now, started + interval)  # a fixed period, like HPA's sync
+        for key, at in list(due.items()):
             if at <= now and key not in running:
-                running[key] = (loop.run_in_executor(None, evaluate, key), now)
+                running[key] = (loop.run_in_executor(None, evaluate, *key), now)

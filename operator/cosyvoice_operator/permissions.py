@@ -39,6 +39,8 @@ class Permission:
     why: str
     cluster_wide: bool = False
     own_namespace: bool = False
+    # Granted only where the chart value of that name is enabled (a feature not every cluster has).
+    feature: str | None = None
 
 
 PERMISSIONS: Final[tuple[Permission, ...]] = (
@@ -77,6 +79,9 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
                "kopf discovers the CosyVoiceService resource", cluster_wide=True),
     Permission("", "namespaces", ("get", "list", "watch"), "kopf follows namespaces as they appear",
                cluster_wide=True),
+    # A canary's traffic split on a Gateway (spec.canary.gateway): only with the Gateway API installed.
+    Permission("gateway.networking.k8s.io", "httproutes", ("get", "create", "patch", "delete"),
+               "the canary's HTTPRoute (spec.canary.gateway)", feature="gatewayAPI"),
     # Leader election among operator replicas: one Lease in the operator's own namespace.
     Permission("coordination.k8s.io", "leases", ("get", "create", "patch"), "leader election (one Lease)",
                own_namespace=True),
@@ -84,18 +89,19 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
 
 
 def rules(scope: Scope = "cluster", *, cluster_wide: bool | None = None,
-          own_namespace: bool = False) -> list[dict[str, Any]]:
+          own_namespace: bool = False, feature: str | None = None) -> list[dict[str, Any]]:
     """RBAC ``rules`` for a Role or ClusterRole, merged per (apiGroup, resource).
 
     ``scope="cluster"``: everything for the watched namespaces (the operator watches all of them).
     ``scope="namespaced"`` drops namespace discovery (the namespaces are listed explicitly).
     ``cluster_wide`` filters further: True → only the rules a ClusterRole must hold, False → only the
     per-namespace ones (a Role). ``own_namespace=True``: only the rules of the Role in the operator's
-    own namespace (which the others never include).
+    own namespace (which the others never include). ``feature``: only the rules of that optional feature
+    (the others never include them).
     """
     merged: dict[tuple[str, str], set[str]] = {}
     for p in PERMISSIONS:
-        if p.own_namespace != own_namespace:
+        if p.own_namespace != own_namespace or p.feature != feature:
             continue
         if scope == "namespaced" and p.resource == "namespaces":
             continue

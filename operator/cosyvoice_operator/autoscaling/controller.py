@@ -128,8 +128,10 @@ class Autoscaler:
         queries = prometheus.build_queries(namespace, name, auto.queries)
         now = self.clock()
         reading = self._read(namespace, auto, queries, now)
-        deployment = self.kube.get(DEPLOYMENTS, namespace, name)
-        ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        # spec.replicas is both versions' total while a canary runs (the reconciler splits it by the weight)
+        names = (name, f"{name}-canary") if spec.canary is not None else (name,)
+        ready = sum(int(((self.kube.get(DEPLOYMENTS, namespace, n) or {}).get("status") or {}).get("readyReplicas")
+                        or 0) for n in names)
         current = spec.replicas
         previous_auto: Obj = (cr.get("status") or {}).get("autoscaling") or {}
         # the status is the shared record (another replica of the operator may have decided last)

@@ -74,13 +74,13 @@ OVERRIDE_FIELDS = {"qps": "qps", "inflight": "inflight", "sessions": "sessions",
                    "ttfa_p95_ms": "time_to_first_audio_ms"}
 
 
-def _escape(value: str) -> str:
+def escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def selector(namespace: str, name: str) -> str:
     """The label matcher (without braces) that selects one CosyVoiceService's series."""
-    return f'namespace="{_escape(namespace)}",cosyvoice_service="{_escape(name)}"'
+    return f'namespace="{escape(namespace)}",cosyvoice_service="{escape(name)}"'
 
 
 def build_queries(namespace: str, name: str, overrides: Any = None) -> dict[str, str]:
@@ -155,7 +155,7 @@ def connect_range(url: str, **kw: Any) -> Callable[[str, datetime, datetime, flo
     return connect(url, **kw).range  # type: ignore[attr-defined, no-any-return]
 
 
-def _scalar(result: list[dict[str, Any]]) -> float | None:
+def scalar(result: list[dict[str, Any]]) -> float | None:
     """The value of a one-series result; None when empty or NaN (e.g. a quantile over no requests)."""
     if not result:
         return None
@@ -177,14 +177,14 @@ def read(query: Query, queries: dict[str, str], lookback_s: float = 0.0, now: fl
     """One reading. ``Metrics.error`` is set for no data; a rate of 0 with series present is traffic 0.
     With ``lookback_s``, the rate over that past too (``Metrics.rate_history``, for the forecast)."""
     try:
-        up = _scalar(query(queries["targets_up"]))
+        up = scalar(query(queries["targets_up"]))
         qps_raw = query(queries["qps"])
         inflight_raw = query(queries["inflight"])
     except QueryFailed as exc:
         return Reading(Metrics(error=f"Prometheus query failed: {exc}"), queries)
     if up is not None and up == 0:
         return Reading(Metrics(error="every scrape target of the service is down (up == 0)"), queries)
-    qps, inflight = _scalar(qps_raw), _scalar(inflight_raw)
+    qps, inflight = scalar(qps_raw), scalar(inflight_raw)
     if qps is None and inflight is None:
         return Reading(Metrics(error="no series for the service: is Prometheus scraping its pods, with the "
                                      "cosyvoice_service and namespace labels? (" + queries["qps"] + ")"), queries)
@@ -192,7 +192,7 @@ def read(query: Query, queries: dict[str, str], lookback_s: float = 0.0, now: fl
     for key in ("qps_short", "qps_slope", "inflight_growth", "inflight_growth_short", "p95_ms", "ttfa_p95_ms",
                 "audio_s", "sessions"):
         try:
-            values[key] = _scalar(query(queries[key]))
+            values[key] = scalar(query(queries[key]))
         except QueryFailed:
             values[key] = None  # optional signals: a failure here only loses the refinement
     ranged = getattr(query, "range", None)
