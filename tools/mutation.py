@@ -28,6 +28,7 @@ PACKAGES = {"cosyvoice_server": ROOT / "inference_image" / "cosyvoice_server",
 # module (under src/) -> functions in scope (None: all of them)
 MODULES: dict[str, tuple[str, ...] | None] = {
     "cosyvoice_server/scheduling/batching.py": None,
+    "cosyvoice_server/scheduling/planning.py": None,
     "cosyvoice_server/engine/sampling.py": None,
     "cosyvoice_server/streaming.py": None,
     "cosyvoice_server/audio.py": None,
@@ -45,6 +46,7 @@ MODULES: dict[str, tuple[str, ...] | None] = {
 }
 TESTS = [
     "tests/server/test_engine_and_scheduling.py", "tests/server/test_sampling.py", "tests/server/test_batching.py",
+    "tests/server/test_planning.py",
     "tests/server/test_audio_encoding.py", "tests/server/test_speed.py", "tests/server/test_stream_resampler.py",
     "tests/operator/test_op_apply.py", "tests/operator/test_op_capacity.py", "tests/operator/test_op_status.py",
     "tests/operator/test_op_status_body.py", "tests/operator/test_op_status_conditions.py",
