@@ -32,6 +32,10 @@ from .voices.worker import ExtractionPool
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up."
+# Speech tokens the warm-up may generate: the flow and the vocoder need only a few to run once on real input;
+# the first runs' set-up is what a warm-up is for, and each token more is only a decode step (16 took 3.1 s
+# at CosyVoice2-0.5B's size on 2 cores, where a 6-token request took 1.25 s once warm).
+WARMUP_MAX_TOKENS = 4
 
 STORE_IO_THREADS = 2  # voice-store reads are small files; two keep a listing from waiting behind a lookup
 
@@ -150,6 +154,7 @@ class ServerState:
         # Not bound by --request-timeout-s: an expired request is dropped without a Done, which would
         # leave start-up waiting forever on a slow device; the startup probe bounds start-up instead.
         req.deadline = math.inf
+        req.max_tokens = min(req.max_tokens, WARMUP_MAX_TOKENS)
         self.scheduler.submit(req)
         while not isinstance(item := await req.out.get(), Done):
             pass
