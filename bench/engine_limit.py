@@ -33,7 +33,6 @@ class Engine:
             if ttfa is None:
                 ttfa = time.perf_counter() - t0
             samples += len(item)
-        self.state.scheduler.release(req, item.outcome)
         ok = item.outcome == Outcome.OK
         return Result(200 if ok else 500, time.perf_counter() - t0, ttfa, samples / 24000, t0)
 

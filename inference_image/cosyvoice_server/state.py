@@ -20,7 +20,7 @@ from .frontend import TextFrontend
 from .model.manifest import voice_aliases
 from .metrics import Metrics
 from .model_cache import hold_in_use
-from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed
+from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed, WholeText
 from .scheduling.scheduler import Scheduler, SchedulerConfig
 from .startup import Phases
 from .streaming import ChunkPlanner
@@ -158,7 +158,6 @@ class ServerState:
         self.scheduler.submit(req)
         while not isinstance(item := await req.out.get(), Done):
             pass
-        self.scheduler.release(req, item.outcome)
         if item.outcome != Outcome.OK:
             raise RuntimeError(f"warm-up synthesis failed: {item.message}")
 
@@ -203,7 +202,7 @@ class ServerState:
         if segments is None:
             segments = p.frontend.segments(body.input)
         return SynthesisRequest(
-            segments=segments,
+            text=WholeText(segments),
             voice=voice,
             speed=body.speed,
             seed=body.seed,
@@ -216,7 +215,7 @@ class ServerState:
 
     def new_bistream_request(self, voice: str | Voice | None = None, seed: int | None = None,
                              instructions: str | None = None) -> SynthesisRequest:
-        """A session whose text arrives through `req.feed` (push / flush / end); submit it as usual. Its
+        """A session whose text arrives through `req.text` (push / flush / end); submit it as usual. Its
         out queue gets audio chunks, a SegmentDone after each segment, then Done. `voice`: a resolved
         Voice, or a bundled voice or alias name (None: the default); ValueError for an unknown name and
         InstructionError (a ValueError) for instructions the voice or model cannot take."""
@@ -235,7 +234,6 @@ class ServerState:
         room = p.flow.token_room(len(v.prompt_speech_tokens))
         cap = max(1, min(p.frontend.hard_max, text_room(room, len(v.prompt_text_tokens))))
         return SynthesisRequest(
-            segments=[],
             voice=v,
             speed=1.0,
             seed=seed,
@@ -244,7 +242,7 @@ class ServerState:
             planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
                                  len(v.prompt_speech_tokens), True),
             max_tokens=max(1, int(self.settings.max_audio_seconds * m.token_rate)),  # per segment
-            feed=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s,
+            text=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s,
                           m.frontend.max_text_tokens_per_segment, cap),
         )
 

@@ -45,12 +45,12 @@ async def feed(req: SynthesisRequest, parts: Iterable[str | None], pause_s: floa
     """Pushes text deltas (None = flush), pausing between them so the LLM runs while text arrives."""
     for part in parts:
         if part is None:
-            req.feed.flush()
+            req.text.flush()
         else:
-            req.feed.push(part)
+            req.text.push(part)
         await asyncio.sleep(pause_s)
     if end:
-        req.feed.end()
+        req.text.end()
 
 
 async def speak(state: ServerState, parts: Iterable[str | None], voice: str | None = None, seed: int = 0,

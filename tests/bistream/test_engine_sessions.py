@@ -31,7 +31,6 @@ async def whole_text(state, text: str, seed: int) -> tuple[list[int], np.ndarray
     while not isinstance(item := await asyncio.wait_for(req.out.get(), 60), Done):
         chunks.append(item)
     assert item.outcome == Outcome.OK
-    state.scheduler.release(req, item.outcome)
     return req.tokens, np.concatenate(chunks)
 
 
@@ -65,10 +64,10 @@ async def test_a_session_parks_and_rejoins_while_whole_text_requests_share_the_b
 
     async def slow_feed():
         for w in WORDS:  # slower than the model: the session waits for text between groups
-            req.feed.push(w + " ")
+            req.text.push(w + " ")
             await asyncio.sleep(0.08)
             parked_seen.append(gauge(state, "cosyvoice_stream_parked_sessions"))
-        req.feed.end()
+        req.text.end()
 
     together = await asyncio.gather(slow_feed(), *[whole_text(state, t, 10 + i) for i, t in enumerate(texts)])
     await collecting
@@ -89,16 +88,16 @@ async def test_a_disconnect_while_parked_frees_its_kv_cache_at_once(tiny, serve)
     sched = state.scheduler
     req = state.new_bistream_request(None, seed=1)
     sched.submit(req)
-    req.feed.push(" ".join(WORDS[:6]) + " ")
+    req.text.push(" ".join(WORDS[:6]) + " ")
     # it decodes its groups, asks for more text and parks with its cache
     await wait_for(lambda: gauge(state, "cosyvoice_stream_parked_kv_bytes") > 0)
     held = gauge(state, "cosyvoice_stream_parked_kv_bytes")
     assert held % tiny.llm.kv_bytes_per_position == 0 and held // tiny.llm.kv_bytes_per_position > 20
-    sched.release(req, Outcome.CANCELLED)  # the handler's reaction to a closed connection
+    req.cancel()  # the handler's reaction to a closed connection
     assert gauge(state, "cosyvoice_stream_parked_kv_bytes") == 0
     assert gauge(state, "cosyvoice_stream_parked_sessions") == 0
-    assert sched.inflight == 0 and not sched._parked
-    req.feed.push("more text nobody waits for ")  # a late delta from the handler is harmless
+    assert sched.inflight == 0 and not sched.parked
+    req.text.push("more text nobody waits for ")  # a late delta from the handler is harmless
     tokens, _ = await whole_text(state, "The server carries on.", 1)
     assert tokens
 
@@ -126,7 +125,7 @@ async def test_waiting_for_text_has_no_deadline_but_text_must_become_audio_in_ti
     state.scheduler.submit(req)
     s = Session(req)
     collecting = asyncio.create_task(s.collect())
-    req.feed.push("A session that thinks for a while ")
+    req.text.push("A session that thinks for a while ")
     await asyncio.sleep(1.2)  # more than the request timeout, waiting on its client
     await feed(req, ["before it goes on."])
     await collecting
@@ -151,13 +150,13 @@ async def test_segments_usage_and_the_feeds_edges(tiny, serve):
         assert seg.speech_tokens > 0 and seg.audio_seconds == pytest.approx(len(audio) / 24000)
         assert seg.text_at <= seg.first_audio_at <= seg.done_at and seg.closed_at <= seg.done_at
     assert sum(seg.speech_tokens for seg in s.segments) == len(s.req.tokens)
-    assert [s.req.feed.info(i).chars for i in (0, 1)] == [len("One thought."), len("Another one.")]
-    assert s.req.feed.closed_segments == 2
+    assert [s.req.text.info(i).chars for i in (0, 1)] == [len("One thought."), len("Another one.")]
+    assert s.req.text.closed_segments == 2
     with pytest.raises(FeedClosed):
-        s.req.feed.push("late")
+        s.req.text.push("late")
     with pytest.raises(FeedClosed):
-        s.req.feed.flush()
-    s.req.feed.end()  # a second end is harmless
+        s.req.text.flush()
+    s.req.text.end()  # a second end is harmless
 
     nothing = await speak(state, [], seed=6)  # opened and closed without text
     assert nothing.done.outcome == Outcome.OK and not nothing.segments and not nothing.chunks
@@ -173,7 +172,7 @@ async def test_sessions_count_for_admission_and_unknown_voices_are_refused(tiny,
     with pytest.raises(Overloaded):
         state.scheduler.submit(state.new_bistream_request(None))
     for r in open_:
-        state.scheduler.release(r, Outcome.CANCELLED)
+        r.cancel()
     with pytest.raises(ValueError, match="unknown voice"):
         state.new_bistream_request("no-such-voice")
     with pytest.raises(ValueError, match="instructions"):  # the tiny model's tokenizer has no <|endofprompt|>
@@ -220,6 +219,6 @@ async def test_text_with_nothing_to_say_makes_no_segment(tiny, serve):
                             "\u200b words.", None, "\u2026?!"], seed=6)
     assert s.done.outcome == Outcome.OK
     assert [seg.text_tokens for seg in s.segments] == [len(state.pipeline.frontend.encode("Real words."))]
-    assert s.req.feed.info(0).chars == len("Real words.")
+    assert s.req.text.info(0).chars == len("Real words.")
     nothing = await speak(state, ["\U0001f642\U0001f642 ... ", None, "\u200b\u200d", "\u2014"], seed=6)
     assert nothing.done.outcome == Outcome.OK and not nothing.segments and not nothing.chunks  # as an empty session

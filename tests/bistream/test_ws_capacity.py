@@ -19,7 +19,6 @@ from cosyvoice_server.api.stream_gate import Connection, Connections, Refusal, c
 from cosyvoice_server.config import BUNDLED_MODEL, Settings
 from cosyvoice_server.engine.pipeline import Pipeline
 from cosyvoice_server.metrics import Metrics
-from cosyvoice_server.scheduling.request import Outcome
 from cosyvoice_server.scheduling.scheduler import Overloaded, Scheduler, SchedulerConfig, refusal
 from cosyvoice_server.state import ServerState
 
@@ -66,7 +65,7 @@ async def test_the_scheduler_counts_sessions_apart_and_says_why_it_refuses() -> 
     with pytest.raises(Overloaded) as err:
         sched.submit(state.new_request(SpeechRequest(model="tts-1", input="Now full.")))
     assert err.value.code == "server_overloaded"
-    sched.release(sessions[0], Outcome.CANCELLED)  # a session leaves: one more session fits again
+    sessions[0].cancel()  # a session leaves: one more session fits again
     sched.submit(state.new_bistream_request())
     samples = {(s.labels["protocol"], s.labels["reason"]): s.value
                for s in metrics.admission_refusals.collect()[0].samples if s.name.endswith("_total")}

@@ -12,7 +12,7 @@ import pytest
 from cosyvoice_server.api.schemas import SpeechRequest
 from cosyvoice_server.config import Settings
 from cosyvoice_server.metrics import Metrics
-from cosyvoice_server.scheduling.request import Done, Outcome
+from cosyvoice_server.scheduling.request import Done, Outcome, RequestPhase
 from cosyvoice_server.state import ServerState
 
 LONG = "Fault injection keeps this request decoding for a good while. " * 4
@@ -35,7 +35,6 @@ async def outcome(s: ServerState, req, timeout: float = 60) -> tuple[Outcome, in
     samples = 0
     while not isinstance(item := await asyncio.wait_for(req.out.get(), timeout), Done):
         samples += len(item)
-    s.scheduler.release(req, item.outcome)
     return item.outcome, samples
 
 
@@ -50,22 +49,22 @@ def full_length(s: ServerState, req) -> int:
     return len(req.tokens) * s.pipeline.manifest.samples_per_token
 
 
-@pytest.mark.parametrize("hang_up", ["release", "cancel"])
-async def test_hang_up_while_no_llm_batch_runs_fails_nobody(state, hang_up):
+async def test_hang_up_while_no_llm_batch_runs_fails_nobody(state):
     """The deterministic repro: B has left the LLM and waits in the flow stage; A hangs up while it is
-    still queued for the LLM, so the LLM loop wakes to find only a dead arrival."""
+    still queued for the LLM, so the LLM loop wakes to an arrival that has already ended."""
     s = state
     gate = threading.Event()
     run = s.pipeline.flow.run
     s.pipeline.flow.run = lambda chunks: (gate.wait(30), run(chunks))[1]
     b = request(s, seed=1)
     s.scheduler.submit(b)
-    await wait_for(lambda: b.llm_done)
+    await wait_for(lambda: b.phase is RequestPhase.DRAINING)
     a = request(s, seed=2)
     with s.scheduler._lock:  # the LLM thread cannot take A between its arrival and its hang-up
         s.scheduler.submit(a)
-        s.scheduler.release(a, Outcome.CANCELLED) if hang_up == "release" else a.cancel()
-    await asyncio.sleep(0.2)  # the LLM thread now sees A (or, after release, an empty queue)
+        a.cancel()
+        assert a.outcome == Outcome.CANCELLED and s.scheduler.inflight == 1  # its slot is free at once
+    await asyncio.sleep(0.2)  # the LLM thread now wakes to an empty queue
     gate.set()
     got, samples = await outcome(s, b)
     assert got == Outcome.OK and samples == full_length(s, b) > 0
@@ -73,8 +72,8 @@ async def test_hang_up_while_no_llm_batch_runs_fails_nobody(state, hang_up):
     s.scheduler.submit(c)
     got, samples = await outcome(s, c)
     assert got == Outcome.OK and samples == full_length(s, c) > 0
-    s.scheduler.release(a, Outcome.CANCELLED)  # what A's handler does once it notices
-    assert s.scheduler.idle()
+    a.cancel()  # a handler's second cancel changes nothing
+    assert a.outcome == Outcome.CANCELLED and s.scheduler.idle()
 
 
 async def test_a_failing_prefill_fails_only_its_arrivals(state):

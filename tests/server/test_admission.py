@@ -41,7 +41,7 @@ async def test_admits_exactly_max_batch_size_plus_max_queue_size(pipeline, max_b
     assert refused.value.retry_after_s >= 1
     assert sched.inflight == max_batch + max_queue  # the refused one holds nothing
     # one finishes (or its client leaves): exactly one slot opens
-    sched.release(admitted[0], Outcome.CANCELLED)
+    admitted[0].cancel()
     sched.submit(request())
     with pytest.raises(Overloaded):
         sched.submit(request())
@@ -70,7 +70,7 @@ async def test_a_slot_is_held_while_the_text_is_normalised_and_given_back_if_not
     with pytest.raises(Overloaded):
         sched.submit(request())
     for r in (first, second):
-        sched.release(r, Outcome.CANCELLED)
+        r.cancel()
     with pytest.raises(ValueError):  # a bad input found after normalising: the slot is given back
         with sched.admission():
             raise ValueError("no speakable text")

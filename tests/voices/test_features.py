@@ -263,6 +263,7 @@ def test_a_cross_lingual_voice_gives_the_llm_no_prompt_speech_in_either_mode(enc
     from types import SimpleNamespace
 
     from cosyvoice_server.engine.pipeline import Pipeline
+    from cosyvoice_server.scheduling.request import WholeText
     from cosyvoice_server.scheduling.scheduler import Scheduler
 
     p = Pipeline(TINY, "cpu", "fp32")
@@ -270,7 +271,7 @@ def test_a_cross_lingual_voice_gives_the_llm_no_prompt_speech_in_either_mode(enc
     zs = encoder.extract(chirp(16000, 2.0), 16000, "hello")
     host = SimpleNamespace(p=p)
     for voice in (xl, zs):
-        req = SimpleNamespace(voice=voice, segments=[np.arange(5)], segment=0, rng=np.random.default_rng(0),
+        req = SimpleNamespace(voice=voice, text=WholeText([np.arange(5)]), segment=0, rng=np.random.default_rng(0),
                               max_tokens=100, tokens=[])
         whole, streamed = Scheduler._sequence(host, req), Scheduler._session_sequence(host, req)
         want = len(voice.prompt_text_tokens) + 5 + 2 + (0 if voice.cross_lingual else len(voice.prompt_speech_tokens))

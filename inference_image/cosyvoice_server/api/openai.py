@@ -217,10 +217,10 @@ async def create_speech(request: Request) -> Response:
                 req = s.new_request(body, voice, segments)
             except InstructionError as exc:
                 raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
-            if not req.segments:
+            if not req.text.segments:
                 raise APIError(400, "The input has no speakable text after normalization.", param="input",
                                code="invalid_value")
-            fewest, most = s.token_bounds(req.segments, body.speed)
+            fewest, most = s.token_bounds(req.text.segments, body.speed)
             if fewest > most:
                 rate = s.pipeline.manifest.token_rate * body.speed
                 raise APIError(400, f"The input would make at least {fewest / rate:.1f} s of audio; the limit is "
@@ -258,7 +258,7 @@ async def create_speech(request: Request) -> Response:
         pass  # outcome stays CANCELLED
     finally:
         if not streaming:
-            s.scheduler.release(req, outcome)
+            req.cancel()  # nothing if it has ended
     if outcome == Outcome.CANCELLED:
         s.record(499, started)
         return Response(status_code=499)  # nobody reads it: the connection is gone
@@ -339,7 +339,7 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
         else:
             code = 200
             if sse:
-                n_in = sum(len(x) for x in req.segments)
+                n_in = req.text.input_tokens
                 yield _sse({"type": "speech.audio.done", "usage": {"input_tokens": n_in, "output_tokens": len(req.tokens),
                                                                    "total_tokens": n_in + len(req.tokens)}})
     except _Timeout:
@@ -348,7 +348,7 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
             yield _sse({"type": "error", "error": {"message": f"Synthesis did not finish within {s.settings.request_timeout_s:g} s.",
                                                    "type": "server_error", "param": None, "code": "timeout"}})
     finally:
-        s.scheduler.release(req, outcome)
+        req.cancel()  # nothing if it has ended
         s.record(code, started)
     if code in (500, 503, 504) and not sse:
         log.warning("request %s: %s after its audio began; the stream is cut short", req.id,

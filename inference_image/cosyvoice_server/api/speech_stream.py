@@ -190,7 +190,7 @@ class _Session:
             for t in tasks:
                 t.cancel()
             if self.req is not None:
-                self.s.scheduler.release(self.req, outcome)
+                self.req.cancel()  # nothing if it has ended
             self.m.stream_sessions_open.dec()
             self.m.stream_send_holders.discard(self._held)
             self.outbox.clear()
@@ -323,7 +323,7 @@ class _Session:
 
     def _idle_timeout(self) -> float | None:
         """Seconds the receiver may wait now; None when the server, not the client, is the one working."""
-        if self.rules.ended or self.req.feed.closed_segments > self.done_segments:
+        if self.rules.ended or self.req.text.closed_segments > self.done_segments:
             return None  # waiting for audio: flushed text or the end of input is being synthesized
         return max(0.0, self.last_activity + self.settings.stream_idle_timeout_s - time.monotonic())
 
@@ -342,7 +342,7 @@ class _Session:
         """Passes the event to the text feed. Only what moves the session on (text with something to say, a
         flush that ends a segment, the end) restarts the idle clock: a client that keeps sending empty or
         blank appends, or flushes of nothing, holds its slot as surely as a silent one."""
-        feed = self.req.feed
+        feed = self.req.text
         if isinstance(event, p.Append):
             if not event.text:
                 return
@@ -420,7 +420,7 @@ class _Session:
     def _segment_done(self, item: SegmentDone) -> None:
         self.usage_tokens[0] += item.text_tokens
         self.usage_tokens[1] += item.speech_tokens
-        chars = self.req.feed.info(item.segment).chars
+        chars = self.req.text.info(item.segment).chars
         self._queue(json.dumps({"type": "speech.segment.done", "segment": item.segment, "auto": item.auto,
                                 "usage": p.usage(chars, item.audio_seconds, item.text_tokens, item.speech_tokens)}),
                     text_end_at=item.closed_at)

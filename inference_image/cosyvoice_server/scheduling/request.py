@@ -1,6 +1,7 @@
-"""One speech request as the scheduler sees it: its inputs, its per-request streaming state and the
-asyncio queue its handler reads audio from. A request with a `TextFeed` is a bistream session: its text
-arrives while it runs."""
+"""One speech request as the scheduler sees it: its inputs, its lifecycle (`phase`, then `outcome`), its
+per-request streaming state and the asyncio queue its handler reads audio from. Its text is a `TextSource`:
+`WholeText` (all of it known at submission) or a `TextFeed` (a bistream session: its text arrives while it
+runs)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,31 @@ import itertools
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
+from ..engine.bistream import Item
+from ..engine.llm import Sequence
 from ..engine.pipeline import Voice
 from ..frontend import speakable
 from ..streamtext import StreamTokenizer
 from ..streaming import ChunkPlanner, HiftCache
 
 _ids = itertools.count(1)
+
+
+class RequestPhase(str, Enum):
+    """Where a request is in its life (as vLLM's RequestStatus); the scheduler alone moves it, under its lock."""
+
+    WAITING = "waiting"  # queued for the LLM batch (a whole-text segment)
+    RUNNING = "running"  # in the LLM batch
+    PARKED = "parked"  # a session out of the batch, waiting for text, its KV cache on its sequence
+    DRAINING = "draining"  # the LLM is done with it: its last chunks are in the flow or vocoder stage
+    FINISHED = "finished"  # ended, with an `outcome`; its slot is free
 
 
 class Outcome(str, Enum):
@@ -59,6 +73,36 @@ class SegmentDone:
     auto: bool = False  # closed by the server (at a sentence end, or at the segment cap), not by a flush
 
 
+class TextSource(ABC):
+    """A request's text as the scheduler reads it, one segment at a time."""
+
+    streamed: bool = False  # its text arrives while it runs: it waits for text out of the batch (parked)
+    wake: Callable[[], None] = staticmethod(lambda: None)  # set by the scheduler: text arrived
+
+    def expired(self, now: float, deadline: float) -> bool:
+        return now >= deadline
+
+    @abstractmethod
+    def last_segment(self, segment: int, decoded: bool, tokens: int, max_tokens: int) -> bool:
+        """Whether `segment`, once `decoded`, is the request's last, with `tokens` speech tokens produced
+        so far of at most `max_tokens`."""
+
+
+@dataclass
+class WholeText(TextSource):
+    """Text known whole at submission: its LLM segments' text tokens."""
+
+    segments: list[np.ndarray]
+
+    def last_segment(self, segment: int, decoded: bool, tokens: int, max_tokens: int) -> bool:
+        # the last segment, or the request's output bound reached: no further segments
+        return segment + 1 >= len(self.segments) or tokens >= max_tokens
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(x) for x in self.segments)
+
+
 class FeedClosed(ValueError):
     """Text or a flush after `end()`."""
 
@@ -73,7 +117,7 @@ class FeedSegment:
     speakable: bool = False  # has a letter or digit; until then the LLM gets none of its tokens
 
 
-class TextFeed:
+class TextFeed(TextSource):
     """The text of a bistream session, as it arrives. Methods are called from the event loop; the LLM
     stage reads committed text tokens per segment. Every call moves the session's deadline: text must
     become audio within `timeout_s` of its arrival (a session waiting for text has no deadline; the
@@ -86,6 +130,8 @@ class TextFeed:
     as the whole-text path cuts a sentence without punctuation: a segment's speech must fit the flow.
     A segment with nothing to say (punctuation, emoji) is dropped, as the whole-text path drops one."""
 
+    streamed = True
+
     def __init__(self, tokenizer: StreamTokenizer, timeout_s: float, segment_tokens: int | None = None,
                  max_tokens: int | None = None) -> None:
         self._tok = tokenizer
@@ -97,7 +143,6 @@ class TextFeed:
         self.max_tokens = max_tokens
         self.deadline = math.inf
         self.first_text_at: float | None = None
-        self.wake: Callable[[], None] = lambda: None  # set by the scheduler: text arrived
 
     def _touch(self) -> float:
         now = time.monotonic()
@@ -187,13 +232,22 @@ class TextFeed:
     def ended(self) -> bool:
         return self._ended
 
-    def expired(self, now: float) -> bool:
+    def expired(self, now: float, deadline: float) -> bool:
+        """Past the feed's own deadline (text must become audio in time), not the request's."""
         return now >= self.deadline
+
+    def last_segment(self, segment: int, decoded: bool, tokens: int, max_tokens: int) -> bool:
+        # the input has ended and nothing came after this segment (`max_tokens` bounds each segment)
+        return decoded and self.ended and self.segment(segment + 1) is None
+
+
+def _unsubmitted(req: SynthesisRequest, outcome: Outcome, message: str) -> None:
+    req.phase, req.outcome = RequestPhase.FINISHED, outcome
 
 
 @dataclass(eq=False)
 class SynthesisRequest:
-    segments: list[np.ndarray]
+    text: TextSource
     voice: Voice
     speed: float
     seed: int | None
@@ -201,7 +255,6 @@ class SynthesisRequest:
     loop: asyncio.AbstractEventLoop
     planner: ChunkPlanner
     max_tokens: int  # speech tokens this request may produce at most (its output bound; per segment for a session)
-    feed: TextFeed | None = None  # a bistream session's text (None: the whole text is in `segments`)
     id: int = field(default_factory=lambda: next(_ids))
     created: float = field(default_factory=time.monotonic)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -210,25 +263,30 @@ class SynthesisRequest:
     tokens: list[int] = field(default_factory=list)
     segment: int = 0
     segment_offset: int = 0  # len(tokens) when the current segment started
-    llm_done: bool = False
     hift_cache: HiftCache | None = None
     first_audio_at: float | None = None
-    samples: int = 0
     segment_samples: int = 0  # audio samples sent for the current segment (the vocoder's thread)
     segment_first_audio_at: float | None = None
-    finished: Outcome | None = None
+    # The lifecycle, moved by the scheduler under its lock.
+    phase: RequestPhase = RequestPhase.WAITING
+    outcome: Outcome | None = None  # set when the phase becomes FINISHED
+    queued_at: float = 0.0  # when it last joined the waiting queue
+    parked_at: int = 0  # park order: sessions rejoin the batch in the order they left it
+    seq: Sequence | None = None  # a parked session's sequence (its KV cache on it, none before its first input)
+    block: list[Item] | None = None  # a parked session's next input block, ready for when the batch has room
+    flow_chunks: int = 0  # its chunks queued for or in the flow stage
+    ender: Callable[[SynthesisRequest, Outcome, str], None] = _unsubmitted  # the scheduler's finish(), once submitted
 
     def __post_init__(self) -> None:
         self.rng, self.vocoder_rng = request_rngs(self.seed)
 
     # Called from worker threads ------------------------------------------------------------
     def expired(self, now: float) -> bool:
-        return self.feed.expired(now) if self.feed is not None else now >= self.deadline
+        return self.text.expired(now, self.deadline)
 
     def push_audio(self, audio: np.ndarray) -> None:
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
-        self.samples += len(audio)
         self.loop.call_soon_threadsafe(self.out.put_nowait, audio)
 
     def push_segment_done(self, done: SegmentDone) -> None:
@@ -239,10 +297,10 @@ class SynthesisRequest:
 
     # Called from the event loop --------------------------------------------------------------
     def cancel(self) -> None:
-        """The client went away or the handler gave up; workers drop this request at their next look."""
-        if self.finished is None:
-            self.finished = Outcome.CANCELLED
+        """The client went away or the handler gave up: the request ends now (its slot is free at once) and
+        the stages drop its remaining work. Nothing happens if it has ended already."""
+        self.ender(self, Outcome.CANCELLED, "cancelled")
 
     @property
     def alive(self) -> bool:
-        return self.finished is None
+        return self.phase is not RequestPhase.FINISHED

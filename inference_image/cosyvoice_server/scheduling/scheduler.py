@@ -15,6 +15,7 @@ whose cache would pass `session_kv_limit_bytes` ends the session with Outcome.LI
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import sys
@@ -27,16 +28,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.bistream import Phase
+from ..engine.bistream import Phase as InputPhase
 from ..engine.flow import FlowChunk, VocoderInput
 from ..engine.llm import Batch, Sequence
 from ..engine.pipeline import Pipeline
 from ..metrics import Metrics
 from ..streaming import Span, interpolate_mel, seam
 from .batching import StageQueue, WorkItem
-from .request import Done, Outcome, SegmentDone, SynthesisRequest
+from .planning import Admission, ParkedView, RowView, admit, settle
+from .request import Done, Outcome, RequestPhase, SegmentDone, SynthesisRequest
 
 log = logging.getLogger(__name__)
+
+WAITING, RUNNING, PARKED, DRAINING = (RequestPhase.WAITING, RequestPhase.RUNNING, RequestPhase.PARKED,
+                                      RequestPhase.DRAINING)
+LLM_PHASES = (WAITING, RUNNING)  # requests that may still send chunks to the flow stage
 
 
 class Overloaded(Exception):
@@ -116,18 +122,14 @@ class Scheduler:
         self.window = np.hamming(2 * self.mel_cache * self.hop)  # upstream's speech_window
         self.lookahead = man.flow.pre_lookahead_tokens
         self._lock = threading.Condition()
-        self._waiting: deque[SynthesisRequest] = deque()
-        self._enqueued: dict[int, float] = {}
-        self._active: dict[int, SynthesisRequest] = {}
+        # Every live request by key, and the one queue the LLM's decisions need (arrivals, in order); which
+        # requests run, are parked or drain is read from their phases.
+        self.requests: dict[int, SynthesisRequest] = {}
+        self.waiting: deque[SynthesisRequest] = deque()
         self._reserved = 0  # slots held for requests whose text is being normalised (admission())
-        self._sessions = 0  # bistream sessions among the active requests
         self._aborted: Done | None = None  # abort_all's end, also for requests submitted after it
-        self._in_llm: set[int] = set()
-        self._in_flow: dict[int, int] = {}
-        # Bistream sessions out of the batch, waiting for text, in the order they left it; each with the
-        # sequence of its current segment (its KV cache on it, or none before the segment's first input).
-        self._parked: dict[int, Sequence] = {}
-        self._text_arrived = False
+        self._look_again = False  # a session's text arrived or parked: the LLM loop reads the parked sessions again
+        self._park_order = itertools.count()
         self._kv_limit_positions = max(1, config.session_kv_limit_bytes // pipeline.llm.kv_bytes_per_position)
         self._flow_q = StageQueue()
         self._voc_q = StageQueue()
@@ -162,15 +164,22 @@ class Scheduler:
 
     @property
     def inflight(self) -> int:
-        return len(self._active) + self._reserved
+        return len(self.requests) + self._reserved
+
+    @property
+    def parked(self) -> list[SynthesisRequest]:
+        """Parked sessions, in the order they left the batch."""
+        with self._lock:
+            return sorted((r for r in self.requests.values() if r.phase is PARKED), key=lambda r: r.parked_at)
 
     # Admission (event loop) -------------------------------------------------------------------
     def retry_after(self) -> int:
-        waves = len(self._waiting) / max(1, self.cfg.max_batch_size) + 1
+        waves = len(self.waiting) / max(1, self.cfg.max_batch_size) + 1
         return int(min(60, max(1, math.ceil(self._avg_duration * waves))))
 
     def _admit_locked(self, session: bool) -> None:
-        code = refusal(self.cfg, session, self._sessions, len(self._active) + self._reserved - self._sessions)
+        sessions = sum(r.text.streamed for r in self.requests.values())
+        code = refusal(self.cfg, session, sessions, self.inflight - sessions)
         if code is not None:
             self.m.admission_refusals.labels("websocket" if session else "http", code).inc()
             raise Overloaded(self.retry_after(), self.cfg.capacity, code, share=self.cfg.share(session))
@@ -206,72 +215,78 @@ class Scheduler:
 
     def submit(self, req: SynthesisRequest) -> None:
         with self._lock:
-            self._admit_locked(session=req.feed is not None)
+            self._admit_locked(session=req.text.streamed)
             self._enqueue_locked(req)
         self._end_if_aborted(req)
 
     def _end_if_aborted(self, req: SynthesisRequest) -> None:
         """A request submitted after abort_all (its text was being normalised then) ends as the others did."""
         if self._aborted is not None:
-            req.push_done(self._aborted)
-            self.release(req, self._aborted.outcome)
+            self.finish(req, self._aborted.outcome, self._aborted.message)
 
     def _enqueue_locked(self, req: SynthesisRequest) -> None:
-        self._active[id(req)] = req
-        if req.feed is not None:  # a session starts parked: it runs once its text arrives
-            self._sessions += 1
-            req.feed.wake = self._wake
-            self._park_locked(self._session_sequence(req))
-            self._text_arrived = True
+        self.requests[id(req)] = req
+        req.ender = self.finish
+        req.text.wake = self._wake
+        if req.text.streamed:  # a session starts parked: it runs once its text arrives
+            self._park_locked(req, self._session_sequence(req))
         else:
-            self._in_llm.add(id(req))
-            self._enqueued[id(req)] = time.monotonic()
-            self._waiting.append(req)
+            self._queue_locked(req)
         self.m.inflight.set(self.inflight)
-        self.m.queue_depth.labels("llm").set(len(self._waiting))
         self._lock.notify_all()
+
+    def _queue_locked(self, req: SynthesisRequest, first: bool = False) -> None:
+        """Into the LLM's waiting queue; `first`: a request's next segment goes first (finish started work)."""
+        req.phase, req.queued_at = WAITING, time.monotonic()
+        if first:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+        self.m.queue_depth.labels("llm").set(len(self.waiting))
 
     def _wake(self) -> None:
         """A session's text arrived (the event loop)."""
         with self._lock:
-            self._text_arrived = True
+            self._look_again = True
             self._lock.notify_all()
 
-    def release(self, req: SynthesisRequest, outcome: Outcome) -> None:
-        """Frees the request's slot now; its remaining work is dropped by the stages."""
-        if req.finished is None:
-            req.finished = outcome
+    def finish(self, req: SynthesisRequest, outcome: Outcome, message: str = "") -> None:
+        """The one way a request ends, whatever the reason (its audio is out, its handler cancelled it, a
+        deadline, a bound, a stage failure, the drain): its slot is freed and the stages drop what is left of
+        its work, then its handler hears Done. A request that has ended stays as it ended. Never called
+        under the lock (it wakes the stage queues, whose takers read the scheduler under their own lock)."""
         with self._lock:
-            if self._active.pop(id(req), None) is not None:
-                if req.feed is not None:
-                    self._sessions -= 1
-                if outcome == Outcome.OK:
-                    self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
-            if self._enqueued.pop(id(req), None) is not None:  # still waiting for the LLM: leave the queue
-                self._waiting.remove(req)
-                self.m.queue_depth.labels("llm").set(len(self._waiting))
-            self._in_llm.discard(id(req))
-            self._in_flow.pop(id(req), None)
-            if self._parked.pop(id(req), None) is not None:  # its parked KV cache goes now
+            if not req.alive:
+                return
+            was = req.phase
+            req.phase, req.outcome = RequestPhase.FINISHED, outcome
+            req.seq = req.block = None  # a parked cache goes now
+            del self.requests[id(req)]
+            if outcome == Outcome.OK:
+                self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
+            if was is WAITING:
+                self.waiting.remove(req)
+                self.m.queue_depth.labels("llm").set(len(self.waiting))
+            elif was is PARKED:
                 self._parked_metrics()
             self.m.inflight.set(self.inflight)
             self._lock.notify_all()
         self._flow_q.poke()
         self._voc_q.poke()
+        req.push_done(Done(outcome, message))
 
     def idle(self) -> bool:
-        return not self._active and not self._reserved
+        return not self.requests and not self._reserved
 
     def abort_all(self, outcome: Outcome, message: str) -> int:
         """Ends every request in flight with `outcome` (the drain deadline passed), and each one whose text is
         still being normalised as soon as it is submitted; returns how many."""
         with self._lock:
             self._aborted = Done(outcome, message)
-            victims = list(self._active.values())
+            victims = list(self.requests.values())
             pending = self._reserved
         for req in victims:
-            req.push_done(Done(outcome, message))
-            self.release(req, outcome)
+            self.finish(req, outcome, message)
         return len(victims) + pending
 
     @property
@@ -294,12 +309,12 @@ class Scheduler:
         victims = [r for r in batch if r.alive]
         log.exception("stage %s failed; failing the %d request(s) in its batch", stage, len(victims))
         for req in victims:
-            req.push_done(Done(Outcome.FAILED, f"internal error in the {stage} stage"))
-            self.release(req, Outcome.FAILED)
+            self.finish(req, Outcome.FAILED, f"internal error in the {stage} stage")
 
     def _sequence(self, req: SynthesisRequest) -> Sequence:
         v = req.voice
-        seq = self.p.llm.sequence(req.segments[req.segment], v.prompt_text_tokens, v.llm_prompt_speech_tokens, req.rng, req)
+        seq = self.p.llm.sequence(req.text.segments[req.segment], v.prompt_text_tokens, v.llm_prompt_speech_tokens,
+                                  req.rng, req)
         # the request's output bound, and what the flow can take after the voice's prompt
         room = self.p.flow.token_room(len(v.prompt_speech_tokens))
         seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens), room))
@@ -311,13 +326,15 @@ class Scheduler:
         return self.p.llm.bistream_sequence(v.prompt_text_tokens, v.llm_prompt_speech_tokens, req.rng, req)
 
     def _parked_metrics(self) -> None:
-        self.m.parked_sessions.set(len(self._parked))
-        self.m.parked_kv_bytes.set(sum(len(q.kv_mask) for q in self._parked.values() if q.kv_mask is not None)
+        parked = [r.seq for r in self.requests.values() if r.phase is PARKED]
+        self.m.parked_sessions.set(len(parked))
+        self.m.parked_kv_bytes.set(sum(len(q.kv_mask) for q in parked if q.kv_mask is not None)
                                    * self.p.llm.kv_bytes_per_position)
 
-    def _park_locked(self, q: Sequence) -> None:
-        self._parked[id(q.owner)] = q
-        self._in_llm.discard(id(q.owner))  # nothing more comes from it until the client sends text
+    def _park_locked(self, req: SynthesisRequest, q: Sequence) -> None:
+        """Out of the batch until its text arrives; nothing more comes from it until then."""
+        req.phase, req.seq, req.parked_at = PARKED, q, next(self._park_order)
+        self._look_again = True  # its text may already be there
         self._parked_metrics()
 
     def _limit_message(self) -> str:
@@ -325,85 +342,84 @@ class Scheduler:
         return (f"the text since the last flush needs more than this session's KV cache bound ({mib:g} MiB, "
                 f"{self._kv_limit_positions} positions); flush at the ends of sentences")
 
-    def _end_session(self, req: SynthesisRequest, outcome: Outcome, message: str) -> None:
-        """A request the scheduler itself ends (its handler only waits for Done)."""
-        if req.alive:
-            self.release(req, outcome)  # freed before its handler hears of it
-            req.push_done(Done(outcome, message))
+    @staticmethod
+    def _timeout_message(req: SynthesisRequest) -> str:
+        return f"the audio for the text sent did not finish within the request timeout of {req.text.timeout_s:g} s"
 
-    def _take_ready_sessions(self, room: int) -> tuple[list[Sequence], list[SynthesisRequest]]:
-        """Parked sessions whose next input block is ready (up to `room`; the next block set as each
-        sequence's `prompt`), and sessions over their KV bound. Sessions whose input ended between
-        segments are finished here."""
-        ready, over = [], []
+    def _parked_views(self) -> list[ParkedView]:
+        """The parked sessions for the plan, each with its text taken in and its next input block made
+        when it has one (kept on the request until it joins: the block depends on the text only)."""
+        views = []
+        for req in self.parked:
+            q = req.seq
+            seg = req.text.segment(req.segment)
+            if seg is not None and req.block is None:
+                tokens, closed = seg
+                q.bistream.add_text(tokens[q.bistream.text_tokens :])
+                req.block = q.bistream.next_block(closed)
+            views.append(ParkedView(id(req), seg is None, None if req.block is None else len(req.block), q.pos))
+        return views
+
+    def _apply_admission(self, plan: Admission) -> tuple[list[Sequence], list[SynthesisRequest], list[SynthesisRequest]]:
+        """Moves the planned requests' phases (under the lock); returns the sequences that join the batch
+        (sessions first, as the plan has them), the sessions that drain and those over their KV bound, for
+        the caller to hand on once the lock is released."""
         llm = self.p.llm
-        for key, q in list(self._parked.items()):
-            req: SynthesisRequest = q.owner
-            b = q.bistream
-            seg = req.feed.segment(req.segment)
-            if seg is None:  # no text after the last flush and the input has ended: the session is done
-                del self._parked[key]
-                req.llm_done = True
-                self._queue_flow(req, _FlowWork(None, True, True))
-                continue
-            tokens, closed = seg
-            b.add_text(tokens[b.text_tokens :])
-            if len(ready) >= room:
-                self._text_arrived = True  # look again once the batch has room
-                continue
-            block = b.next_block(closed)
-            if block is None:
-                continue
-            del self._parked[key]
-            if q.pos + len(block) > self._kv_limit_positions:
-                over.append(req)
-                continue
-            q.prompt = llm.embed(block)
-            if b.phase == Phase.FINAL:  # as the whole-text path bounds its decode: by the segment's text and the flow
+        drained = [self.requests[key] for key in plan.drain]
+        for req in drained:  # only the held-back tail is left: a final chunk with no new tokens
+            req.phase, req.seq, req.flow_chunks = DRAINING, None, req.flow_chunks + 1
+        joining = []
+        for key in plan.resume:
+            req = self.requests[key]
+            q = req.seq
+            q.prompt = llm.embed(req.block)
+            if q.bistream.phase == InputPhase.FINAL:  # bounded as the whole-text decode: by its text and the flow
                 room = self.p.flow.token_room(len(req.voice.prompt_speech_tokens))
                 q.max_len = max(len(q.tokens) + 1,
-                                min(int(b.text_tokens * llm.spec.max_token_text_ratio), req.max_tokens, room))
-            self._in_llm.add(key)
-            ready.append(q)
-        self._parked_metrics()
-        return ready, over
+                                min(int(q.bistream.text_tokens * llm.spec.max_token_text_ratio), req.max_tokens, room))
+            req.phase, req.seq, req.block = RUNNING, None, None
+            joining.append(q)
+        now = time.monotonic()
+        for _ in range(plan.arrivals):
+            req = self.waiting.popleft()
+            req.phase = RUNNING
+            self.m.queue_wait.labels("llm").observe(now - req.queued_at)
+            joining.append(self._sequence(req))
+        self.m.queue_depth.labels("llm").set(len(self.waiting))
+        if plan.drain or plan.resume:
+            self._parked_metrics()
+        return joining, drained, [self.requests[key] for key in plan.over]
 
     def _llm_loop(self) -> None:
         llm = self.p.llm
         batch: Batch | None = None  # a restart after a failure starts empty: its requests were failed
         while True:
             with self._lock:
-                while batch is None and not self._waiting and not self._text_arrived and not self._stopping:
+                while batch is None and not self.waiting and not self._look_again and not self._stopping:
                     self._lock.wait()
                 if self._stopping:
                     return
-                self._text_arrived = False
-                room = self.cfg.max_batch_size - (len(batch.seqs) if batch else 0)
-                sessions, over = self._take_ready_sessions(room)  # started work goes first
-                arrivals = []
-                while self._waiting and len(arrivals) + len(sessions) < room:
-                    req = self._waiting.popleft()
-                    waited = time.monotonic() - self._enqueued.pop(id(req), time.monotonic())
-                    if req.alive:
-                        arrivals.append(req)
-                        self.m.queue_wait.labels("llm").observe(waited)
-                self.m.queue_depth.labels("llm").set(len(self._waiting))
+                plan = admit(len(batch.seqs) if batch else 0, self.cfg.max_batch_size, self._parked_views(),
+                             len(self.waiting), self._kv_limit_positions)
+                self._look_again = plan.look_again  # look again once the batch has room
+                joining, drained, over = self._apply_admission(plan)
+            for req in drained:
+                self._flow_q.put(WorkItem(req, _FlowWork(None, True, True)))
             for req in over:
-                self._end_session(req, Outcome.LIMIT, self._limit_message())
-            fresh = [self._sequence(r) for r in arrivals] + [q for q in sessions if q.kv is None]
-            resumed = [q for q in sessions if q.kv is not None]
-            if not fresh and not resumed and batch is None:
-                continue  # every arrival had hung up while it waited, or no session had enough text
+                self.finish(req, Outcome.LIMIT, self._limit_message())
+            if not joining and batch is None:
+                continue  # no session had enough text
             t0 = time.perf_counter()
-            joining = [q.owner for q in fresh + resumed]
-            self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + joining
+            self._running["llm"] = ([q.owner for q in batch.seqs] if batch else []) + [q.owner for q in joining]
+            fresh = [q for q in joining if q.kv is None]  # arrivals, and sessions' first blocks of a segment
+            resumed = [q for q in joining if q.kv is not None]
             new = []
             if joining:  # prefilled beside the running batch's step: sessions rejoin often, steps go on
                 try:
                     new = [llm.prefill(fresh)] if fresh else []
                     new += [llm.resume(resumed)] if resumed else []
                 except Exception:  # only the arrivals fail: the running batch's cache is untouched
-                    self._fail(joining, "llm")
+                    self._fail([q.owner for q in joining], "llm")
                     new = []
             if batch is not None:
                 self.m.batch_size.labels("llm").observe(len(batch.seqs))
@@ -419,31 +435,24 @@ class Scheduler:
     def _settle(self, batch: Batch) -> Batch | None:
         """After a step: parks the segments that asked for text, ends sessions past their deadline or KV
         bound, and drops every row that is done, cancelled or expired."""
-        llm = self.p.llm
         now = time.monotonic()
-        keep, park = [], []
-        for i, q in enumerate(batch.seqs):
-            req: SynthesisRequest = q.owner
-            if q.done or not req.alive:
-                continue
-            if req.expired(now):
-                if req.feed is not None:
-                    self._end_session(req, Outcome.TIMEOUT, "the audio for the text sent did not finish within "
-                                      f"the request timeout of {req.feed.timeout_s:g} s")
-                continue
-            if q.bistream is not None and q.pos > self._kv_limit_positions:
-                self._end_session(req, Outcome.LIMIT, self._limit_message())
-                continue
-            (park if q.waiting else keep).append(i)
-        if park:
-            llm.park(batch, park)
-            with self._lock:
-                for i in park:
-                    q = batch.seqs[i]
-                    if q.owner.alive:  # released meanwhile: its copied cache is simply dropped
-                        self._park_locked(q)
-                self._text_arrived = True  # its text may already be there
-        return llm.keep(batch, keep)
+        seqs = batch.seqs
+        plan = settle([RowView(q.done, q.owner.alive, q.owner.expired(now), q.owner.text.streamed, q.pos, q.waiting)
+                       for q in seqs], self._kv_limit_positions)
+        for i in plan.timeout:
+            self.finish(seqs[i].owner, Outcome.TIMEOUT, self._timeout_message(seqs[i].owner))
+        for i in plan.limit:
+            self.finish(seqs[i].owner, Outcome.LIMIT, self._limit_message())
+        if plan.park:
+            self.p.llm.park(batch, list(plan.park))
+        with self._lock:
+            for i in plan.expired:  # its handler answers on its own clock and cancels it
+                if seqs[i].owner.alive:
+                    seqs[i].owner.phase = DRAINING
+            for i in plan.park:
+                if seqs[i].owner.alive:  # ended meanwhile: its copied cache is simply dropped
+                    self._park_locked(seqs[i].owner, seqs[i])
+        return self.p.llm.keep(batch, list(plan.keep))
 
     def _after_tokens(self, seqs: list[Sequence]) -> None:
         for q in seqs:
@@ -454,35 +463,30 @@ class Scheduler:
             req.tokens.extend(fresh)
             self.m.tokens.inc(len(fresh))
             segment = req.tokens[req.segment_offset :]
-            if req.feed is not None:
-                # a session's last segment: the input has ended and nothing came after this one
-                last_segment = q.done and req.feed.ended and req.feed.segment(req.segment + 1) is None
-            else:  # the last segment, or the request's output bound reached: no further segments
-                last_segment = req.segment + 1 >= len(req.segments) or len(req.tokens) >= req.max_tokens
+            last_segment = req.text.last_segment(req.segment, q.done, len(req.tokens), req.max_tokens)
             while (span := req.planner.next(len(segment), q.done)) is not None:
                 self._emit_flow(req, segment, span, span.final and last_segment,
-                                self._usage(req, q) if span.final and req.feed is not None else None)
+                                self._usage(req, q) if span.final and req.text.streamed else None)
             if not q.done or not req.alive:  # alive: _emit_flow may have ended it
                 continue
             if not last_segment:
                 req.segment += 1
                 req.segment_offset = len(req.tokens)
-                req.planner.new_segment(restart_hop=req.feed is not None)
-                with self._lock:
-                    if req.feed is not None:
-                        self._park_locked(self._session_sequence(req))
-                        self._text_arrived = True
-                    else:
-                        self._enqueued[id(req)] = time.monotonic()
-                        self._waiting.appendleft(req)  # next segment goes first: finish started work
-            else:
-                req.llm_done = True
-                with self._lock:
-                    self._in_llm.discard(id(req))
+                req.planner.new_segment(restart_hop=req.text.streamed)
+            with self._lock:
+                if not req.alive:
+                    continue
+                if last_segment:
+                    req.phase = DRAINING
+                elif req.text.streamed:
+                    self._park_locked(req, self._session_sequence(req))
+                else:
+                    self._queue_locked(req, first=True)
+            if last_segment:
                 self._flow_q.poke()
 
     def _usage(self, req: SynthesisRequest, q: Sequence) -> SegmentDone:
-        seg = req.feed.info(req.segment)
+        seg = req.text.info(req.segment)
         return SegmentDone(segment=req.segment, text_tokens=q.bistream.text_tokens, speech_tokens=len(q.tokens),
                            audio_seconds=0.0, text_at=seg.text_at or 0.0, first_audio_at=None,
                            closed_at=seg.closed_at or time.monotonic(), done_at=0.0, auto=seg.auto)
@@ -498,9 +502,9 @@ class Scheduler:
         ahead = segment[: span.end + context]
         room = self.p.flow.token_room(len(v.prompt_speech_tokens))
         if len(ahead) > room:  # past the flow's noise it would fail the whole flow batch it joined: it ends alone
-            self._end_session(req, Outcome.FAILED, f"the segment needs {len(ahead)} speech tokens after the voice's "
-                              f"{len(v.prompt_speech_tokens)} prompt tokens, and the model's flow takes "
-                              f"{max(room, 0)} (its noise buffer is {self.p.flow.max_frames} mel frames)")
+            self.finish(req, Outcome.FAILED, f"the segment needs {len(ahead)} speech tokens after the voice's "
+                        f"{len(v.prompt_speech_tokens)} prompt tokens, and the model's flow takes "
+                        f"{max(room, 0)} (its noise buffer is {self.p.flow.max_frames} mel frames)")
             return
         tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(ahead, np.int64)])
         chunk = FlowChunk(
@@ -517,25 +521,24 @@ class Scheduler:
 
     def _queue_flow(self, req: SynthesisRequest, work: _FlowWork) -> None:
         with self._lock:
-            self._in_flow[id(req)] = self._in_flow.get(id(req), 0) + 1
+            req.flow_chunks += 1
         self._flow_q.put(WorkItem(req, work))
         self.m.queue_depth.labels("flow").set(len(self._flow_q))
 
     def _flow_upstream(self) -> set[int]:
         with self._lock:
-            return set(self._in_llm)
+            return {key for key, r in self.requests.items() if r.phase in LLM_PHASES}
 
     def _vocoder_upstream(self) -> set[int]:
         with self._lock:
-            return self._in_llm | set(self._in_flow)
+            return {key for key, r in self.requests.items() if r.phase in LLM_PHASES or r.flow_chunks > 0}
 
     def _live(self, items: list[WorkItem], stage: str) -> list[WorkItem]:
         now = time.monotonic()
         for i in items:
             req: SynthesisRequest = i.request
-            if req.feed is not None and req.alive and req.expired(now):
-                self._end_session(req, Outcome.TIMEOUT, "the audio for the text sent did not finish within the "
-                                  f"request timeout of {req.feed.timeout_s:g} s")
+            if req.text.streamed and req.alive and req.expired(now):
+                self.finish(req, Outcome.TIMEOUT, self._timeout_message(req))
         live = [i for i in items if i.request.alive and not i.request.expired(now)]
         for i in live:
             self.m.queue_wait.labels(stage).observe(now - i.enqueued)
@@ -559,11 +562,7 @@ class Scheduler:
                 self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final, w.usage)))
             with self._lock:
                 for item in items:
-                    key = id(item.request)
-                    if key in self._in_flow:
-                        self._in_flow[key] -= 1
-                        if self._in_flow[key] <= 0:
-                            del self._in_flow[key]
+                    item.request.flow_chunks -= 1
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             self._voc_q.poke()
             self._running["flow"] = []
@@ -606,7 +605,7 @@ class Scheduler:
                     first = req.first_audio_at is None
                     req.push_audio(audio)
                     self.m.audio_seconds.inc(len(audio) / sr)
-                    if first and req.feed is None:  # a session's first audio waits for its client's text
+                    if first and not req.text.streamed:  # a session's first audio waits for its client's text
                         self.m.ttfa.observe(req.first_audio_at - req.created)
                     req.segment_samples += len(audio)
                     req.segment_first_audio_at = req.segment_first_audio_at or time.monotonic()
@@ -618,6 +617,5 @@ class Scheduler:
                         req.push_segment_done(w.usage)
                     req.segment_samples, req.segment_first_audio_at = 0, None
                 if w.final:
-                    req.push_done(Done(Outcome.OK))
-                    self.release(req, Outcome.OK)
+                    self.finish(req, Outcome.OK)
             self._running["vocoder"] = []
