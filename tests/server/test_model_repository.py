@@ -129,3 +129,24 @@ def test_fetch_unpacks_a_checksummed_archive(tmp_path):
         fetch(str(archive), tmp_path / "dest2", "0" * 64)
     with pytest.raises(FetchError, match="unsupported scheme 'ftp'"):
         fetch("ftp://example/model.tgz", tmp_path / "dest3")
+
+
+def test_the_interface_check_reads_what_onnx_load_reads(model):
+    """Start-up reads each graph's inputs, outputs and initializer names without decoding the weights."""
+    from cosyvoice_server.model.manifest import _interface
+
+    for path in sorted(model.glob("*.onnx")):
+        full = onnx.load(str(path), load_external_data=False)
+        inputs, outputs, init_names = _interface(path)
+        assert [v.SerializeToString() for v in inputs] == [v.SerializeToString() for v in full.graph.input], path
+        assert [v.SerializeToString() for v in outputs] == [v.SerializeToString() for v in full.graph.output], path
+        assert init_names == {t.name for t in full.graph.initializer}, path
+
+
+@pytest.mark.parametrize("cut", [0, 1, 7, 0.5, -3])
+def test_a_truncated_onnx_file_is_named(model, cut):
+    path = model / "flow_encoder.fp32.onnx"
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * cut) if isinstance(cut, float) else cut])
+    with pytest.raises(ModelLoadError, match=r"flow_encoder\.fp32\.onnx: not a readable ONNX model"):
+        validate_model_dir(model)

@@ -188,17 +188,80 @@ STAGE_IO = {
 }
 
 
-def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]]) -> None:
-    """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds."""
+def _varint(buf, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, start, end) of each length-delimited field of the protobuf message in buf[start:end]."""
+    i = start
+    while i < end:
+        key, i = _varint(buf, i)
+        wire = key & 7
+        if wire == 0:
+            _, i = _varint(buf, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            if i + n > end:
+                raise ValueError("field runs past its message")
+            yield key >> 3, i, i + n
+            i += n
+        else:
+            raise ValueError(f"wire type {wire}")
+    if i != end:
+        raise ValueError("message runs past its end")
+
+
+# ModelProto.graph, GraphProto.initializer/input/output/sparse_initializer, TensorProto.name, SparseTensorProto.values
+_GRAPH, _INITIALIZER, _INPUT, _OUTPUT, _SPARSE_INITIALIZER, _TENSOR_NAME, _SPARSE_VALUES = 7, 5, 11, 12, 15, 8, 1
+
+
+def _interface(path: Path):
+    """The graph's inputs and outputs (onnx ValueInfoProtos) and its initializers' names, read without parsing
+    the weights: onnx.load would decode every embedded tensor (half a gigabyte for the flow and HiFT stages
+    at CosyVoice2's size, seconds of start-up) only for these few fields."""
+    import mmap
+
     import onnx  # here, not at the top: its import takes most of a second, and the worker processes need none
 
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        graphs = [(s, e) for field, s, e in _fields(buf, 0, len(buf)) if field == _GRAPH]
+        if len(graphs) != 1:
+            raise ValueError(f"{len(graphs)} graphs")
+        inputs, outputs, init_names = [], [], set()
+        for field, s, e in _fields(buf, *graphs[0]):
+            if field in (_INPUT, _OUTPUT):
+                (inputs if field == _INPUT else outputs).append(onnx.ValueInfoProto.FromString(buf[s:e]))
+            elif field in (_INITIALIZER, _SPARSE_INITIALIZER):
+                if field == _SPARSE_INITIALIZER:
+                    s, e = next(((vs, ve) for f2, vs, ve in _fields(buf, s, e) if f2 == _SPARSE_VALUES), (s, s))
+                init_names |= {buf[ns:ne].decode() for f2, ns, ne in _fields(buf, s, e) if f2 == _TENSOR_NAME}
+        return inputs, outputs, init_names
+
+
+def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]]) -> None:
+    """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds."""
+    import onnx
+
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, OSError, ... for a corrupt file
+        graph_in, graph_out, init_names = _interface(path)
+    except Exception as exc:  # a corrupt file: ValueError, IndexError, DecodeError, OSError, ...
         raise ModelLoadError(f"{path}: not a readable ONNX model ({exc.__class__.__name__}: {exc})") from exc
-    init_names = {t.name for t in model.graph.initializer}
-    have_in = {v.name: v for v in model.graph.input if v.name not in init_names}
-    have_out = {v.name: v for v in model.graph.output}
+    have_in = {v.name: v for v in graph_in if v.name not in init_names}
+    have_out = {v.name: v for v in graph_out}
     for kind, want, have in (("input", inputs, have_in), ("output", outputs, have_out)):
         missing = sorted(set(want) - set(have))
         if missing:
