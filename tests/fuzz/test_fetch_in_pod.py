@@ -170,3 +170,18 @@ def test_node_cache_filled_by_the_first_pod_and_used_read_only_by_the_next(tmp_p
         assert {p.stat().st_uid for p in node.rglob("*")} == {10001}
     finally:
         http.close()
+
+
+def test_a_server_holds_its_model_in_use_through_a_read_only_mount(tmp_path):
+    """The server mounts the cache entry read-only; its shared lock must still reach the fetch step's eviction."""
+    entry, view = tmp_path / "entry", tmp_path / "view"
+    entry.mkdir()
+    view.mkdir()
+    (entry / MARKER).write_text("x")
+    probe = ("from pathlib import Path; from cosyvoice_server.model_cache import hold_in_use, _in_use; "
+             f"fd = hold_in_use(Path('{view}')); print(fd is not None, _in_use(Path('{entry}')))")
+    script = (f"mount --bind {entry} {view} && mount -o remount,bind,ro {view} && "
+              f"! touch {view}/w 2>/dev/null && {shlex.quote(sys.executable)} -c {shlex.quote(probe)}")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT / "inference_image")))
+    assert r.stdout.split() == ["True", "True"], (r.stdout, r.stderr)
