@@ -51,3 +51,19 @@ def test_fetch_refuses_a_model_larger_than_its_volume(size_limit, max_bytes) -> 
     assert command[command.index("--max-bytes") + 1] == str(max_bytes)
     model = next(v for v in r.volumes(spec) if v["name"] == "model")
     assert model["emptyDir"]["sizeLimit"] == (size_limit or "20Gi")
+
+
+def test_a_cache_claim_holds_the_model_instead_of_a_pod_volume_and_needs_its_owners_opt_in() -> None:
+    digest = "ab" * 32
+    spec = parse_spec({"storage": {"storageUri": "s3://b/m.tar", "sha256": digest,
+                                   "cache": {"pvc": {"claimName": "model-cache"}, "maxSize": "50Gi"}}})
+    pod = r.pod_spec(spec)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "model" not in volumes  # nothing is downloaded into the pod's own storage
+    assert volumes["model-cache"] == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+    command = pod["initContainers"][0]["command"]
+    assert command[command.index("--cache-dir") + 1] == "/model-cache" and "--dest" not in command
+    assert command[command.index("--cache-max-bytes") + 1] == str(50 * 2**30)
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-cache"]
+    assert mount == {"name": "model-cache", "mountPath": "/models", "readOnly": True, "subPath": f"sha256-{digest}/model"}
+    assert ("PersistentVolumeClaim", "volume model-cache", "model-cache") in r.objects_used(pod)
