@@ -100,8 +100,9 @@ class Settings(BaseModel):
                               "other requests' text (a 4096-character input takes about a second of one core); each "
                               "takes about 120 MB of memory")
     intra_op_threads: int = Field(1, ge=0, description="CPU threads per ONNX Runtime session (0 = all cores; the three stages already run in parallel)")
-    session_load_threads: int = Field(3, ge=1, le=3, description="threads that create the stages' ONNX Runtime "
-                                      "sessions at start-up (LLM, flow, vocoder side by side; 1: one after another)")
+    session_load_threads: int = Field(1, ge=1, le=3, description="threads that create the stages' ONNX Runtime "
+                                      "sessions at start-up: 1, one after another; up to 3, LLM, flow and vocoder side "
+                                      "by side (on 2 shared cores that did not shorten the start: docs/benchmarks.md)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log verbosity")
 
     @field_validator("voice_aliases")

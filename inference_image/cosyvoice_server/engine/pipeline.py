@@ -132,7 +132,7 @@ def choose_precision(requested: str, device: str, m: Manifest) -> Precision:
 
 class Pipeline:
     def __init__(self, model_dir: Path, device: DeviceRequest = "auto", precision: str = "auto",
-                 options: RuntimeOptions | None = None, phases: Phases | None = None, load_threads: int = 3) -> None:
+                 options: RuntimeOptions | None = None, phases: Phases | None = None, load_threads: int = 1) -> None:
         """`load_threads` stages' sessions are created side by side (ONNX Runtime's graph optimisation of one
         session runs on one core); `phases` times each session and the rest of the load."""
         t0 = time.perf_counter()
