@@ -15,13 +15,14 @@ from threadpoolctl import threadpool_limits
 
 from . import __version__
 from .api import errors
-from .api.auth import RotatingKey, require_api_key
+from .api.auth import require_api_key
 from .api.openai import router
 from .api.voices import router as voices_router
 from .api.speech_stream import router as stream_router
 from .api.stream_gate import Connections
 from .config import Settings
 from .gpu import NVMLCollector
+from .keys import RotatingKey
 from .metrics import Metrics
 from .state import ServerState
 from .timeouts import BodyTimeoutMiddleware

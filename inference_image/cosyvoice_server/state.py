@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .api.auth import RotatingKey
-from .api.schemas import SpeechRequest
 from .config import Settings
 from .engine.bistream import text_room
 from .engine.pipeline import Pipeline, Voice
 from .frontend import TextFrontend
+from .keys import RotatingKey
 from .model.manifest import voice_aliases
 from .metrics import Metrics
+from .options import SpeechRequest
 from .model_cache import hold_in_use
 from .scheduling.request import Done, Outcome, SynthesisRequest, TextFeed, WholeText
 from .scheduling.scheduler import Scheduler, SchedulerConfig

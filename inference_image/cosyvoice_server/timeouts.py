@@ -27,7 +27,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
 
-from .api.errors import APIError
+from .refusals import BODY_TIMEOUT
 
 
 def header_timeout_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
@@ -155,8 +155,7 @@ class BodyTimeoutMiddleware:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     message = await receive()
             except TimeoutError:
-                raise APIError(408, f"The request body did not arrive within {self.timeout_s:g} s.",
-                               code="request_timeout", headers={"Connection": "close"}) from None
+                raise BODY_TIMEOUT(limit=self.timeout_s) from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message

@@ -34,7 +34,7 @@ def test_the_four_client_events_parse() -> None:
 def test_session_defaults_are_pcm_at_the_model_rate_as_binary_frames() -> None:
     o = parse({"type": "session.update"}).options
     assert (o.model, o.voice_id, o.response_format, o.stream_format, o.speed) == (None, None, "pcm", "audio", 1.0)
-    assert o.check_rate(24000) == 24000
+    assert o.rate(24000) == 24000 and o.refusal(24000) is None
 
 
 @pytest.mark.parametrize(("raw", "code", "param", "close"), [
@@ -106,11 +106,10 @@ def test_order_session_first_once_and_nothing_after_end() -> None:
 def test_output_rate_must_be_one_the_format_carries(fmt, rate, ok) -> None:
     o = p.SessionOptions(response_format=fmt, sample_rate=rate)
     if ok:
-        assert o.check_rate(24000) == rate
+        assert o.rate(24000) == rate and o.refusal(24000) is None
     else:
-        with pytest.raises(p.ProtocolError, match="choose one of") as err:
-            o.check_rate(24000)
-        assert err.value.param == "session.sample_rate"
+        err = p.ProtocolError.of(o.refusal(24000))
+        assert "choose one of" in err.message and (err.code, err.param) == ("invalid_value", "session.sample_rate")
 
 
 @pytest.mark.parametrize("out_rate", [8000, 16000, 48000])

@@ -112,6 +112,18 @@ async def test_unknown_voice_and_model_are_refused_before_any_audio(server) -> N
     assert err.value.code == "invalid_value" and "48000" in err.value.message
 
 
+@pytest.mark.parametrize(("options", "status"), [({"voice": "nobody"}, 400), ({"voice": {"id": "nobody"}}, 400),
+                                                 ({"model": "whisper-1"}, 404)])
+async def test_http_and_the_stream_refuse_the_same_options_in_the_same_words(server, options, status) -> None:
+    r = httpx.post(server.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Hello.", **options})
+    assert r.status_code == status
+    said = r.json()["error"]
+    with pytest.raises(StreamError) as err:
+        await connect(server.url, **options)
+    assert (err.value.code, err.value.message, err.value.param) == (said["code"], said["message"],
+                                                                    "session." + said["param"])
+
+
 async def test_a_client_that_hangs_up_mid_stream_frees_its_session_at_once(server) -> None:
     ws = await open_raw(server.url)
     await start(ws)

@@ -275,10 +275,11 @@ def test_lone_surrogate_escapes_are_a_400_naming_the_field(server, content, para
 
 
 def test_an_error_message_quoting_any_text_still_renders():
-    from cosyvoice_server.api.errors import APIError
+    from cosyvoice_server.api.errors import response
+    from cosyvoice_server.refusals import UNKNOWN_VOICE
 
-    r = APIError(400, "Unknown voice '\ud800'.", param="voice", code="invalid_voice").response()
-    assert json.loads(r.body)["error"]["message"] == "Unknown voice '\ud800'."
+    r = response(UNKNOWN_VOICE(voice="\ud800", available="default", hint=""))
+    assert json.loads(r.body)["error"]["message"] == "Unknown voice '\ud800'; available: default."
 
 
 @pytest.mark.parametrize("content, ctype, code", [

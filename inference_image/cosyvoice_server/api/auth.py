@@ -5,64 +5,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import logging
-import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import Request
 
-from .errors import APIError
+from ..refusals import BAD_KEY, Refusal
 
-log = logging.getLogger(__name__)
-RECHECK_S = 1.0  # how often a key file is looked at for a rotation
 ANONYMOUS = "anonymous"  # the owner of voices registered on a server whose registration needs no key
 # A key's fingerprint is a slow hash: voice.json, readable by whoever reads the volume, must not help guess the key.
 _FINGERPRINT_SALT, _FINGERPRINT_ROUNDS = b"cosyvoice voice owner", 100_000
-
-
-class RotatingKey:
-    """A key, re-read from its file when the file changes: a rotated Secret takes effect without a restart
-    (Kubernetes swaps the mounted volume's ..data symlink; the file seen through it is a new one). A file
-    that becomes empty or unreadable keeps the last key: authentication never turns itself off."""
-
-    def __init__(self, value: str, path: Path | None = None, what: str = "API key") -> None:
-        self._value = value
-        self._path = path
-        self._what = what
-        self._lock = threading.Lock()
-        self._seen = self._signature()
-        self._checked = time.monotonic()
-
-    def _signature(self) -> tuple[int, int, int] | None:
-        try:
-            st = self._path.stat() if self._path is not None else None
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size) if st is not None else None
-
-    def current(self) -> str:
-        if self._path is None or time.monotonic() - self._checked < RECHECK_S:
-            return self._value
-        with self._lock:
-            self._checked = time.monotonic()
-            seen = self._signature()
-            if seen is None or seen == self._seen:
-                return self._value
-            self._seen = seen
-            try:
-                new = self._path.read_bytes().decode("utf-8").strip()
-            except (OSError, UnicodeDecodeError):
-                new = ""
-            if not new:
-                log.warning("%s file %s changed but holds no key; the previous key stays in force", self._what,
-                            self._path)
-            elif new != self._value:
-                self._value = new
-                log.info("%s file %s changed: the new key is in force", self._what, self._path)
-            return self._value
 
 
 def _token(value: str) -> str:
@@ -81,9 +33,8 @@ def presented_tokens(values: Sequence[str]) -> list[str]:
     return [_token(v) for v in values]
 
 
-def unauthorized() -> APIError:
-    return APIError(401, "Missing or incorrect API key: send one 'Authorization: Bearer <key>' header.",
-                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+def unauthorized() -> Refusal:
+    return BAD_KEY(how="one 'Authorization: Bearer <key>' header")
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,4 +1,5 @@
-"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, mapped in one place.
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: every Refusal (refusals.py)
+rendered for HTTP in one place.
 
 A user's mistake is a 4xx with a message that says what to change; the server's own failures are a
 5xx with a message, never a bare stack trace.
@@ -15,23 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..refusals import INTERNAL, MISSING_PARAMETER, NOT_JSON, Refusal
+
 log = logging.getLogger(__name__)
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return _ErrorResponse(body, status_code=self.status, headers=self.headers)
+def response(refusal: Refusal) -> JSONResponse:
+    """A refusal as the HTTP API answers it: its status, headers and OpenAI's error object."""
+    return _ErrorResponse({"error": refusal.error()}, status_code=refusal.status, headers=refusal.headers)
 
 
 class _ErrorResponse(JSONResponse):
@@ -56,9 +48,9 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None, str]:
     loc = path(e)
     param = ".".join(loc) or None
     if e.get("type") == "json_invalid":
-        return "The request body is not valid JSON.", None, "invalid_json"
+        return NOT_JSON.template, None, NOT_JSON.code
     if e.get("type") == "missing":
-        return f"Missing required parameter: '{param}'.", param, "missing_required_parameter"
+        return MISSING_PARAMETER.template.format(name=param), param, MISSING_PARAMETER.code
     if e.get("type") == "extra_forbidden":
         return f"Unrecognized request argument: '{param}'.", param, "unknown_parameter"
     got = e.get("input")
@@ -71,23 +63,27 @@ _STATUS_CODES = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed
                  415: "unsupported_media_type"}
 
 
+def body_error(message: str, param: str | None, code: str) -> Refusal:
+    """A request body the API cannot take (pydantic's or the parser's words): 400."""
+    return Refusal(code, 400, message, param=param)
+
+
 def install(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    @app.exception_handler(Refusal)
+    async def _refusal(_: Request, exc: Refusal) -> JSONResponse:
+        return response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        msg, param, code = validation_message(list(exc.errors()))
-        return APIError(400, msg, param=param, code=code).response()
+        return response(body_error(*validation_message(list(exc.errors()))))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail) if exc.status_code != 404 else f"No route for {request.method} {request.url.path}."
-        return APIError(exc.status_code, message, code=_STATUS_CODES.get(exc.status_code), headers=exc.headers).response()
+        return response(Refusal(_STATUS_CODES.get(exc.status_code), exc.status_code, message,
+                                headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return APIError(500, f"Internal server error ({exc.__class__.__name__}); see the server log.",
-                        type="server_error", code="internal_error").response()
+        return response(INTERNAL(exception=exc.__class__.__name__))

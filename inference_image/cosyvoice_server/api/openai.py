@@ -15,17 +15,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 from pydantic import ValidationError
 
+from .. import synthesis
 from ..audio import FORMATS, StreamEncoder, encode
-from ..engine.pipeline import Voice
-from ..model.manifest import ModelLoadError
+from ..refusals import (BODY_COMPRESSED, BODY_DECLARED_TOO_LARGE, BODY_TOO_LARGE, JSON_TOO_DEEP, NOT_AN_OBJECT, NOT_JSON,
+                        TEXT_WORKER_DIED, Refusal)
 from ..scheduling.request import Done, Outcome, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
-from ..state import InstructionError, ServerState
+from ..state import ServerState
 from .auth import require_api_key
-from .errors import APIError, validation_message
-from .schemas import OPENAI_VOICES, ErrorResponse, ModelCard, ModelList, SpeechRequest, VoiceRef
-
-OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+from .errors import body_error, validation_message
+from .schemas import ErrorResponse, ModelCard, ModelList, SpeechRequest
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +73,8 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], respon
 
 
 def ready_or_503(state: ServerState) -> None:
-    if state.draining:
-        raise APIError(503, "The server is shutting down; retry on another replica.", type="server_error",
-                       code="shutting_down", headers={"Retry-After": "1"})
-    if not state.ready:
-        raise APIError(503, "The model is still loading; retry shortly.", type="server_error", code="model_loading",
-                       headers={"Retry-After": "5"})
+    if (refused := synthesis.ready(state)) is not None:
+        raise refused
 
 
 def _model_card(s: ServerState) -> ModelCard:
@@ -95,9 +90,8 @@ async def list_models(request: Request) -> JSONResponse:
 async def get_model(request: Request, model: str) -> JSONResponse:
     """The served model; OpenAI's TTS model names stand for it, as in POST /v1/audio/speech."""
     s = state_of(request)
-    if model not in (s.model_id, *OPENAI_MODEL_ALIASES):
-        raise APIError(404, f"The model '{model}' does not exist; this server serves '{s.model_id}'.", param="model",
-                       code="model_not_found")
+    if not synthesis.serves(s, model):
+        raise synthesis.unknown_model(s, model)
     return JSONResponse(_model_card(s).model_dump())
 
 
@@ -108,57 +102,31 @@ router.add_api_route("/models", list_models, methods=["HEAD"], include_in_schema
 async def _read_body(request: Request, limit: int) -> bytes:
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):  # read as JSON it would only be "not valid JSON"
-        raise APIError(415, f"Content-Encoding {encoding!r} is not supported: send the JSON body uncompressed.",
-                       code="unsupported_media_type")
+        raise BODY_COMPRESSED(encoding=encoding)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"Request body is {declared} bytes; the limit is {limit}.", code="request_too_large")
+        raise BODY_DECLARED_TOO_LARGE(declared=declared, limit=limit)
     body = bytearray()
     async for part in request.stream():
         body += part
         if len(body) > limit:
-            raise APIError(413, f"Request body exceeds the limit of {limit} bytes.", code="request_too_large")
+            raise BODY_TOO_LARGE(limit=limit)
     return bytes(body)
 
 
-def _parse(body: bytes, state: ServerState) -> SpeechRequest:
+def _parse(body: bytes) -> SpeechRequest:
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+        raise NOT_JSON() from None
     except RecursionError:
-        raise APIError(400, "The request body nests JSON too deeply.", code="invalid_json") from None
+        raise JSON_TOO_DEEP() from None
     if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+        raise NOT_AN_OBJECT()
     try:
-        req = SpeechRequest.model_validate(data)
+        return SpeechRequest.model_validate(data)
     except ValidationError as exc:
-        msg, param, code = validation_message(exc.errors())
-        raise APIError(400, msg, param=param, code=code) from None
-    if req.model not in (state.model_id, *OPENAI_MODEL_ALIASES):
-        raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{state.model_id}'.",
-                       param="model", code="model_not_found")
-    if not req.stream and req.stream_format == "sse":
-        raise APIError(400, "stream_format 'sse' sends events as they are generated; it cannot be combined with "
-                       "stream=false.", param="stream_format", code="invalid_value")
-    return req
-
-
-async def _voice(state: ServerState, req: SpeechRequest) -> Voice:
-    """The request's voice: bundled, an alias, or registered on any replica (read through the prompt cache)."""
-    try:
-        voice = await state.find_voice(req.voice_id)
-    except ModelLoadError as exc:  # the store's file is damaged: the server's problem, said plainly
-        raise APIError(500, f"The registered voice '{req.voice_id}' cannot be read from the voice store ({exc}); "
-                       "delete and register it again.", type="server_error", code="voice_unreadable") from None
-    if voice is None:
-        names = sorted([*state.pipeline.voices, *state.voice_aliases])
-        registered = " or a registered voice (GET /v1/audio/voices)" if state.voice_store is not None else ""
-        hint = (" OpenAI's voice names work once the model or the server maps them (voices.aliases in model.yaml, "
-                "or --voice-aliases alloy=<voice>).") if req.voice_id in OPENAI_VOICES else ""
-        raise APIError(400, f"Unknown voice '{req.voice_id}'; available: {', '.join(names)}{registered}.{hint}",
-                       param="voice.id" if isinstance(req.voice, VoiceRef) else "voice", code="invalid_voice")
-    return voice
+        raise body_error(*validation_message(exc.errors())) from None
 
 
 class _Timeout(Exception):
@@ -203,43 +171,32 @@ async def create_speech(request: Request) -> Response:
     s = state_of(request)
     started = time.monotonic()
     try:
-        ready_or_503(s)
-        body = _parse(await _read_body(request, s.settings.max_body_bytes), s)
-        voice = await _voice(s, body)
+        ready_or_503(s)  # before the body is read
+        body = _parse(await _read_body(request, s.settings.max_body_bytes))
+        voice = await synthesis.resolve(s, body)
+        if isinstance(voice, Refusal):
+            raise voice
         with s.scheduler.admission() as submit:  # a slot first: a full server refuses before normalising
             try:
                 segments = await s.text_segments(body.input)
             except BrokenProcessPool:
-                raise APIError(503, "The text normalization process stopped (see the server log); it has been "
-                               "restarted: retry.", type="server_error", code="text_worker_unavailable",
-                               headers={"Retry-After": "1"}) from None
-            try:
-                req = s.new_request(body, voice, segments)
-            except InstructionError as exc:
-                raise APIError(400, str(exc), param="instructions", code="unsupported_parameter") from None
-            if not req.text.segments:
-                raise APIError(400, "The input has no speakable text after normalization.", param="input",
-                               code="invalid_value")
-            fewest, most = s.token_bounds(req.text.segments, body.speed)
-            if fewest > most:
-                rate = s.pipeline.manifest.token_rate * body.speed
-                raise APIError(400, f"The input would make at least {fewest / rate:.1f} s of audio; the limit is "
-                               f"{s.settings.max_audio_seconds:g} s per request. Split the text into several "
-                               "requests.", param="input", code="input_too_long")
+                raise TEXT_WORKER_DIED() from None
+            req = synthesis.whole_text(s, body, voice, segments)
+            if isinstance(req, Refusal):
+                raise req
             submit(req)
     except ClientDisconnect:  # hung up while sending the body: nothing was accepted, nobody reads an answer
         s.record(499, started)
         return Response(status_code=499)
     except Overloaded as exc:
         s.record(429, started)
-        raise APIError(429, str(exc)[:1].upper() + str(exc)[1:] + ".", type="rate_limit_error", code=exc.code,
-                       headers={"Retry-After": str(exc.retry_after_s)}) from None
-    except APIError as exc:
+        raise synthesis.overloaded(exc) from None
+    except Refusal as exc:
         s.record(exc.status, started)
         raise
     headers = {"X-Request-Id": str(req.id)}
     chunks: list[np.ndarray] = []
-    outcome, streaming = Outcome.CANCELLED, False
+    outcome, streaming, item = Outcome.CANCELLED, False, None
     try:
         # A stream starts with its first audio, not before: until then a failure or timeout still gets its
         # status code and error body instead of a 200 with nothing in it.
@@ -262,17 +219,10 @@ async def create_speech(request: Request) -> Response:
     if outcome == Outcome.CANCELLED:
         s.record(499, started)
         return Response(status_code=499)  # nobody reads it: the connection is gone
-    if outcome == Outcome.TIMEOUT:
-        s.record(504, started)
-        raise APIError(504, f"Synthesis did not finish within the request timeout of {s.settings.request_timeout_s:g} s.",
-                       type="server_error", code="timeout")
-    if outcome == Outcome.SHUTDOWN:
-        s.record(503, started)
-        raise APIError(503, f"The server shut down before synthesis finished: {item.message}.", type="server_error",
-                       code="shutting_down", headers={"Retry-After": "1"})
-    if outcome == Outcome.FAILED:
-        s.record(500, started)
-        raise APIError(500, f"Synthesis failed: {item.message}.", type="server_error", code="internal_error")
+    refused = synthesis.ended(s, outcome, item.message if isinstance(item, Done) else None)
+    if refused is not None:
+        s.record(refused.status, started)
+        raise refused
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     data = await _encoded(s, body.response_format, encode, audio, s.pipeline.sample_rate, body.response_format)
     s.record(200, started)
@@ -331,11 +281,11 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
         tail = pending + await _encoded(s, enc.fmt, enc.close)
         if tail:
             yield out(tail)
-        if outcome in (Outcome.FAILED, Outcome.SHUTDOWN):
-            code, err = (500, "internal_error") if outcome == Outcome.FAILED else (503, "shutting_down")
+        refused = synthesis.ended(s, outcome, item.message)
+        if refused is not None:
+            code = refused.status
             if sse:
-                yield _sse({"type": "error", "error": {"message": f"Synthesis failed: {item.message}.", "type": "server_error",
-                                                       "param": None, "code": err}})
+                yield _sse({"type": "error", "error": refused.error()})
         else:
             code = 200
             if sse:
@@ -345,8 +295,7 @@ async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, st
     except _Timeout:
         outcome, code = Outcome.TIMEOUT, 504
         if sse:
-            yield _sse({"type": "error", "error": {"message": f"Synthesis did not finish within {s.settings.request_timeout_s:g} s.",
-                                                   "type": "server_error", "param": None, "code": "timeout"}})
+            yield _sse({"type": "error", "error": synthesis.ended(s, outcome, None).error()})
     finally:
         req.cancel()  # nothing if it has ended
         s.record(code, started)

@@ -23,21 +23,21 @@ from collections import deque
 
 import numpy as np
 from fastapi import APIRouter, WebSocket
-from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
+from .. import synthesis
 from ..audio import FORMATS, StreamEncoder, StreamResampler
 from ..frontend import speakable
-from ..model.manifest import ModelLoadError
+from ..origins import origin_allowed
+from ..refusals import BAD_KEY, INTERNAL, Refusal
 from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from ..timeouts import SEND_FLOW, SendFlow
 from . import stream_protocol as p
-from ..origins import origin_allowed
 from .auth import matches, presented_tokens
-from .stream_gate import Connection, Refusal, client_of, origin_refusal
-from .openai import OPENAI_MODEL_ALIASES
+from .errors import response
+from .stream_gate import Connection, client_of, origin_refusal
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,7 @@ def authorized(ws: WebSocket, keys: list[str]) -> bool:
 
 async def _deny(ws: WebSocket, refusal: Refusal) -> None:
     """Refuses in the handshake, as the HTTP API refuses: the status and OpenAI's error shape."""
-    error = p.error_event(refusal.message, refusal.code, type="rate_limit_error" if refusal.status == 429
-                          else "invalid_request_error")
-    await ws.send_denial_response(JSONResponse({"error": error["error"]}, status_code=refusal.status,
-                                               headers=refusal.headers))
+    await ws.send_denial_response(response(refusal))
 
 
 def _check_handshake(ws: WebSocket, s: ServerState) -> Refusal | str:
@@ -93,9 +90,8 @@ def _check_handshake(ws: WebSocket, s: ServerState) -> Refusal | str:
         return origin_refusal(", ".join(origins))
     keys = [k.current() for k in (s.api_key, s.registration_key) if k is not None] if s.api_key is not None else []
     if not authorized(ws, keys):
-        return Refusal(401, "invalid_api_key", "Missing or incorrect API key: send 'Authorization: Bearer <key>', or "
-                       f"from a browser the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<the key, base64url>'.",
-                       {"WWW-Authenticate": "Bearer"})
+        return BAD_KEY(how=f"'Authorization: Bearer <key>', or from a browser the subprotocol "
+                       f"'{KEY_SUBPROTOCOL_PREFIX}<the key, base64url>'")
     return client_of(_presented_keys(ws) if keys else [], ws.client.host if ws.client else None)
 
 
@@ -224,9 +220,7 @@ class _Session:
             return "client_closed", Outcome.CANCELLED, None
         if exc is not None:
             log.error("%s: %s", self.id, exc, exc_info=exc)
-            return "internal_error", Outcome.FAILED, p.ProtocolError(
-                "internal_error", f"Internal server error ({exc.__class__.__name__}); see the server log.",
-                type="server_error", close_code=p.INTERNAL_ERROR)
+            return "internal_error", Outcome.FAILED, p.ProtocolError.of(INTERNAL(exception=exc.__class__.__name__))
         return "done", Outcome.OK, None  # the sender delivered everything after speech.audio.done
 
     # Start ---------------------------------------------------------------------------------------------
@@ -241,46 +235,16 @@ class _Session:
 
     async def _start(self, event: p.SessionUpdate) -> None:
         s, o, eid = self.s, event.options, event.event_id
-        if s.draining:
-            raise p.ProtocolError("shutting_down", "The server is shutting down; connect to another replica.",
-                                  type="server_error", close_code=p.GOING_AWAY, event_id=eid)
-        if not s.ready:
-            raise p.ProtocolError("model_loading", "The model is still loading; retry shortly.", type="server_error",
-                                  close_code=p.TRY_AGAIN_LATER, event_id=eid)
-        if o.model is not None and o.model not in (s.model_id, *OPENAI_MODEL_ALIASES):
-            raise p.ProtocolError("model_not_found", f"The model '{o.model}' does not exist; this server serves "
-                                  f"'{s.model_id}'.", param="session.model", event_id=eid)
-        try:  # bundled, an alias, or registered on any replica, as the HTTP API resolves it
-            voice = await s.find_voice(o.voice_id)
-        except ModelLoadError as exc:
-            raise p.ProtocolError("voice_unreadable", f"The registered voice '{o.voice_id}' cannot be read from the "
-                                  f"voice store ({exc}); delete and register it again.", type="server_error",
-                                  close_code=p.INTERNAL_ERROR, event_id=eid) from None
-        if voice is None:
-            names = sorted([*s.pipeline.voices, *s.voice_aliases])
-            registered = " or a registered voice (GET /v1/audio/voices)" if s.voice_store is not None else ""
-            raise p.ProtocolError("invalid_voice", f"Unknown voice '{o.voice_id}'; available: {', '.join(names)}"
-                                  f"{registered}.", param="session.voice", event_id=eid)
-        if o.speed != 1.0:
-            raise p.ProtocolError("unsupported_parameter", "speed is not available with streamed text: it stretches "
-                                  "a whole segment once it is complete (as upstream CosyVoice2 applies it), which "
-                                  "would hold back all audio until each flush. Leave it at 1.0.",
-                                  param="session.speed", event_id=eid)
-        try:
-            rate = o.check_rate(s.pipeline.sample_rate)
-        except p.ProtocolError as exc:
-            exc.event_id = eid
-            raise
-        try:
-            req = s.new_bistream_request(voice, o.seed, o.instructions)
-        except ValueError as exc:  # what the engine cannot do with these options (e.g. instructions)
-            raise p.ProtocolError("unsupported_parameter", _sentence(str(exc)),
-                                  param="session.instructions" if o.instructions else "session", event_id=eid) from None
-        try:
-            s.scheduler.submit(req)
-        except Overloaded as exc:
-            raise p.ProtocolError(exc.code, _sentence(str(exc)), type="rate_limit_error",
-                                  close_code=p.TRY_AGAIN_LATER, event_id=eid) from None
+        voice = await synthesis.resolve(s, o)
+        req = voice if isinstance(voice, Refusal) else synthesis.streamed_text(s, voice, o.seed, o.instructions)
+        if not isinstance(req, Refusal):
+            try:
+                s.scheduler.submit(req)
+            except Overloaded as exc:
+                req = synthesis.overloaded(exc)
+        if isinstance(req, Refusal):
+            raise p.ProtocolError.of(req, eid)
+        rate = o.rate(s.pipeline.sample_rate)
         self.req, self.options = req, o
         self.rate = rate
         self.encoder = StreamEncoder(o.response_format, rate)
@@ -428,26 +392,14 @@ class _Session:
         self.last_activity = time.monotonic()
 
     async def _finish(self, item: Done) -> None:
-        if item.outcome == Outcome.OK:
-            self._queue_audio(await self._encode(None))
-            self._queue_event({"type": "speech.audio.done", "usage": p.usage(
-                self.total_chars, self.total_samples / self.s.pipeline.sample_rate, *self.usage_tokens)})
-            self.pump_done.set()
-            self.wake.set()
-            return
-        if item.outcome == Outcome.SHUTDOWN:
-            raise _Ended("shutting_down", item.outcome, p.ProtocolError(
-                "shutting_down", f"The server shut down before the session finished: {item.message}. Reconnect to "
-                "another replica.", type="server_error", close_code=p.GOING_AWAY))
-        if item.outcome == Outcome.LIMIT:
-            raise _Ended("segment_too_long", item.outcome, p.ProtocolError(
-                "segment_too_long", _sentence(item.message), param="type"))
-        if item.outcome == Outcome.TIMEOUT:
-            raise _Ended("timeout", item.outcome, p.ProtocolError(
-                "timeout", _sentence(item.message), type="server_error", close_code=p.INTERNAL_ERROR))
-        raise _Ended("internal_error", item.outcome, p.ProtocolError(
-            "internal_error", f"Synthesis failed: {item.message or item.outcome.value}.", type="server_error",
-            close_code=p.INTERNAL_ERROR))
+        refused = synthesis.ended(self.s, item.outcome, item.message, streamed_text=True)
+        if refused is not None:
+            raise _Ended(refused.code, item.outcome, p.ProtocolError.of(refused, options=False))
+        self._queue_audio(await self._encode(None))
+        self._queue_event({"type": "speech.audio.done", "usage": p.usage(
+            self.total_chars, self.total_samples / self.s.pipeline.sample_rate, *self.usage_tokens)})
+        self.pump_done.set()
+        self.wake.set()
 
     # Sending -------------------------------------------------------------------------------------------
     async def _send(self) -> None:
@@ -517,7 +469,3 @@ class _Ended(Exception):
         self.outcome = outcome
         self.error = error
 
-
-def _sentence(message: str) -> str:
-    """An engine message as a sentence of an error event."""
-    return message[:1].upper() + message[1:].rstrip(".") + "."

@@ -18,25 +18,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
 
 from ..metrics import Metrics
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A handshake refused: its HTTP status and the error body's code and message."""
-
-    status: int
-    code: str
-    message: str
-    headers: dict[str, str] = field(default_factory=dict)
+from ..refusals import ORIGIN_NOT_ALLOWED, TOO_MANY_CONNECTIONS, TOO_MANY_SESSIONS, Refusal, shown
 
 
 def origin_refusal(origin: str) -> Refusal:
-    shown = origin if len(origin) <= 100 else origin[:100] + "..."
-    return Refusal(403, "origin_not_allowed", f"Web pages from the origin {shown!r} may not open speech sessions "
-                   "on this server: its operator lists the origins allowed (--stream-allowed-origins).")
+    return ORIGIN_NOT_ALLOWED(origin=shown(origin))
 
 
 def client_of(presented_keys: list[str], host: str | None) -> str:
@@ -60,13 +48,9 @@ class Connections:
 
     def admit(self, client: str) -> Connection | Refusal:
         if self.per_client and self._by_client[client] >= self.per_client:
-            return Refusal(429, "too_many_sessions", f"This client already holds {self._by_client[client]} speech "
-                           f"connections, the most one client may ({self.per_client}); end one before opening "
-                           "another.")
+            return TOO_MANY_SESSIONS(held=self._by_client[client], cap=self.per_client)
         if self._pending >= self.max_pending:
-            return Refusal(429, "too_many_connections", f"{self._pending} connections are waiting to send "
-                           "session.update, the most the server takes; retry shortly, and send session.update as "
-                           "soon as the socket is open.", {"Retry-After": "1"})
+            return TOO_MANY_CONNECTIONS(pending=self._pending)
         self._by_client[client] += 1
         self._pending += 1
         self.m.stream_connections_pending.set(self._pending)

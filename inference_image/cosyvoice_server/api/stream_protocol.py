@@ -19,17 +19,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..options import VoiceRef, check_voice_shape, unicode_problem
+from ..refusals import (GOING_AWAY, INTERNAL_ERROR, INVALID_REQUEST, MESSAGE_TOO_BIG, NORMAL,  # noqa: F401 (the
+                        POLICY_VIOLATION, SAMPLE_RATE_UNAVAILABLE, SPEED_WITH_STREAMED_TEXT, TRY_AGAIN_LATER,
+                        UNSUPPORTED_DATA, Refusal)  # protocol's)
 from .errors import validation_message
-from .schemas import VoiceRef, check_voice_shape, unicode_problem
-
-# Close codes (RFC 6455 section 7.4.1, IANA registry)
-NORMAL = 1000
-GOING_AWAY = 1001  # the server is draining (shutting down): reconnect to another replica
-UNSUPPORTED_DATA = 1003  # a binary frame from the client
-POLICY_VIOLATION = 1008  # the client broke the protocol (bad event, idle, not reading)
-MESSAGE_TOO_BIG = 1009
-INTERNAL_ERROR = 1011
-TRY_AGAIN_LATER = 1013  # admission full or the model still loading
 
 # Formats whose streams can be played as they arrive; the sample rates each can carry.
 STREAM_FORMATS = ("pcm", "wav", "opus", "mp3")
@@ -69,14 +63,19 @@ class SessionOptions(BaseModel):
     def voice_id(self) -> str | None:
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
-    def check_rate(self, model_rate: int) -> int:
-        """The output rate, or ProtocolError when the format cannot carry the one asked for."""
-        rate = model_rate if self.sample_rate is None else self.sample_rate  # 0 is a mistake, not the default
-        allowed = FORMAT_RATES[self.response_format]
+    def rate(self, model_rate: int) -> int:
+        """The output rate: the one asked for, else the model's (0 is a mistake, not the default)."""
+        return model_rate if self.sample_rate is None else self.sample_rate
+
+    def refusal(self, model_rate: int) -> Refusal | None:
+        """Streamed text takes no `speed` (upstream stretches whole segments, which would hold back all audio
+        until each flush), and each format carries only some rates."""
+        if self.speed != 1.0:
+            return SPEED_WITH_STREAMED_TEXT()
+        rate, allowed = self.rate(model_rate), FORMAT_RATES[self.response_format]
         if rate not in allowed:
-            raise ProtocolError("invalid_value", f"sample_rate {rate} is not available for {self.response_format}; "
-                                f"choose one of {', '.join(map(str, allowed))}.", param="session.sample_rate")
-        return rate
+            return SAMPLE_RATE_UNAVAILABLE(rate=rate, format=self.response_format, allowed=", ".join(map(str, allowed)))
+        return None
 
 
 @dataclass(frozen=True)
@@ -106,28 +105,25 @@ CLIENT_EVENTS = {"session.update": SessionUpdate, "input_text.append": Append, "
                  "input_text.end": End}
 
 
-class ProtocolError(Exception):
-    """A client mistake: sent as an `error` event (OpenAI's error object), then the session closes."""
+class ProtocolError(Refusal):
+    """A refusal within a session: sent as an `error` event (OpenAI's error object and the client event it
+    answers), then the session closes with `close_code`."""
 
     def __init__(self, code: str, message: str, *, param: str | None = None, close_code: int = POLICY_VIOLATION,
-                 type: str = "invalid_request_error", event_id: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.close_code = close_code
-        self.type = type
+                 type: str = INVALID_REQUEST, event_id: str | None = None) -> None:
+        super().__init__(code, 400, message, type, param, close_code)
         self.event_id = event_id
 
+    @classmethod
+    def of(cls, refusal: Refusal, event_id: str | None = None, options: bool = True) -> ProtocolError:
+        """A refusal from the table, said in the session; `options`: its param names a session option."""
+        param = f"session.{refusal.param}" if options and refusal.param else refusal.param
+        return cls(refusal.code, refusal.message, param=param, close_code=refusal.close_code, type=refusal.type,
+                   event_id=event_id)
+
     def event(self) -> dict:
-        return error_event(self.message, self.code, type=self.type, param=self.param, event_id=self.event_id)
-
-
-def error_event(message: str, code: str, *, type: str = "invalid_request_error", param: str | None = None,
-                event_id: str | None = None) -> dict:
-    """OpenAI Realtime's error event: the error object plus the client event it answers, if any."""
-    return {"type": "error", "error": {"message": message, "type": type, "param": param, "code": code,
-                                       "event_id": event_id}}
+        """OpenAI Realtime's error event."""
+        return {"type": "error", "error": self.error() | {"event_id": self.event_id}}
 
 
 def parse_event(text: str, max_bytes: int) -> ClientEvent:

@@ -34,13 +34,18 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as StarletteRequest
 
+from ..refusals import (AUDIO_NOT_A_FILE, BUNDLED_VOICE, DRAINING_NOTHING_STORED, EXTRACTION_FAILED,
+                        EXTRACTION_WORKER_DIED, FORM_NOT_MULTIPART, FORM_UNPARSABLE, INSUFFICIENT_SCOPE,
+                        INVALID_VOICE_NAME, MISSING_PARAMETER, NAME_TAKEN, NAME_TAKEN_BY_BUNDLED, NAME_TAKEN_MEANWHILE,
+                        NOT_VOICE_OWNER, OWNER_QUOTA, REGISTRATION_BUSY, REGISTRATION_OFF, REGISTRATION_TIMEOUT,
+                        STORE_FULL, STORE_WRITE_FAILED, TRANSCRIPT_NOT_TEXT, TRANSCRIPT_TOO_LONG, UPLOAD_TOO_LARGE,
+                        VOICE_NOT_FOUND, VOICE_RECORD_UNREADABLE, Refusal)
 from ..state import ServerState
 from ..voices import clip
 from ..voices.features import ClipError
 from ..voices.store import NAME_PATTERN, UnreadableRecord, VoiceExists, VoiceRecord, valid_name
 from ..voices.worker import ExtractionFailed, ExtractionTimeout, PoolClosed, WorkerDied
 from .auth import VoiceCaller, presented_tokens, unauthorized, voice_caller
-from .errors import APIError
 from .openai import ready_or_503, state_of
 from .schemas import ErrorResponse, VoiceCard, VoiceList
 
@@ -131,30 +136,24 @@ async def _record(s: ServerState, name: str) -> VoiceRecord | None:
     try:
         return await s.on_store(s.voice_store.record, name)
     except UnreadableRecord as exc:
-        raise APIError(500, f"The voice '{name}' is in the voice store but its record cannot be read ({exc.detail}); "
-                       "it is left out of the listing until an operator repairs it or the admin key deletes it.",
-                       type="server_error", param="name", code="voice_unreadable") from None
+        raise VOICE_RECORD_UNREADABLE(name=name, detail=exc.detail) from None
 
 
-def _not_owner(name: str, why: str) -> APIError:
-    return APIError(403, f"The voice '{name}' is not this key's to delete: {why}. Only the key that registered a "
-                    "voice, or the voice admin key, may delete it.", type="permission_error", param="name",
-                    code="not_voice_owner")
+def _not_owner(name: str, why: str) -> Refusal:
+    return NOT_VOICE_OWNER(name=name, why=why)
 
 
-def _not_found(name: str) -> APIError:
-    return APIError(404, f"No voice named '{name}' (GET /v1/audio/voices lists them).", param="name",
-                    code="voice_not_found")
+def _not_found(name: str) -> Refusal:
+    return VOICE_NOT_FOUND(name=name)
 
 
 def _registration_on(request: Request) -> None:
     if not state_of(request).settings.allow_voice_registration:
-        raise APIError(403, "Voice registration is off on this server (start it with --allow-voice-registration).",
-                       type="permission_error", code="voice_registration_disabled")
+        raise REGISTRATION_OFF()
 
 
-def _insufficient_scope(message: str) -> APIError:
-    return APIError(403, message, type="permission_error", code="insufficient_scope")
+def _insufficient_scope(message: str) -> Refusal:
+    return INSUFFICIENT_SCOPE(detail=message)
 
 
 def require_registration(request: Request, caller: VoiceCaller = Depends(caller_of)) -> None:
@@ -186,8 +185,7 @@ async def delete_voice(request: Request, name: str, caller: VoiceCaller = Depend
     s = state_of(request)
     ready_or_503(s)
     if s.voice(name) is not None:
-        raise APIError(409, f"'{name}' is bundled with the model; only registered voices can be deleted.",
-                       param="name", code="bundled_voice")
+        raise BUNDLED_VOICE(name=name)
     if not caller.admin:
         try:
             rec = await s.on_store(s.voice_store.record, name)
@@ -238,8 +236,7 @@ async def register_voice(request: Request, caller: VoiceCaller = Depends(caller_
         name, upload, transcript = _fields(s, form)
         pool = s.extraction
         if pool.busy >= pool.size:
-            raise APIError(429, f"{pool.busy} voice registration(s) are already extracting features on this replica; "
-                           "retry shortly.", type="rate_limit_error", code="registration_busy", headers={"Retry-After": "1"})
+            raise REGISTRATION_BUSY(busy=pool.busy)
         pool.busy += 1  # so at most `size` run, each on one of state.registrations' `size` threads
         deadline = time.monotonic() + s.settings.voice_registration_timeout_s
         try:
@@ -247,7 +244,7 @@ async def register_voice(request: Request, caller: VoiceCaller = Depends(caller_
                 s.registrations, functools.partial(_register, s, name, upload, transcript, deadline, owner=caller.owner))
         finally:
             pool.busy -= 1
-    except APIError as exc:
+    except Refusal as exc:
         s.metrics.voice_registrations.labels(exc.code or str(exc.status)).inc()
         raise
     except ClientDisconnect:
@@ -271,8 +268,7 @@ async def _form(request: Request, limit: int):
     it is refused before any are read); the file part spools to disk, not memory."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "multipart/form-data":
-        raise APIError(415, "Send the voice as multipart/form-data with fields name, audio (a file) and optionally "
-                       "transcript.", code="unsupported_media_type")
+        raise FORM_NOT_MULTIPART()
     bound = limit + FORM_OVERHEAD_BYTES
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > bound:
@@ -291,40 +287,32 @@ async def _form(request: Request, limit: int):
         return await StarletteRequest(request.scope, receive).form(max_files=1, max_fields=8)
     except (HTTPException, MultiPartException) as exc:  # a malformed body is the client's mistake
         detail = str(getattr(exc, "detail", None) or getattr(exc, "message", exc)).rstrip(".")
-        raise APIError(400, f"The multipart body could not be parsed: {detail}.", code="invalid_multipart") from None
+        raise FORM_UNPARSABLE(detail=detail) from None
 
 
-def _too_large(limit: int, declared: int | None) -> APIError:
-    size = f" ({declared} bytes)" if declared is not None else ""
-    return APIError(413, f"The upload{size} is over the limit of {limit} bytes for a voice clip; a few seconds of "
-                    "mono speech need far less (e.g. 10 s of 16-bit 48 kHz WAV is under 1 MB).",
-                    param="audio", code="request_too_large")
+def _too_large(limit: int, declared: int | None) -> Refusal:
+    return UPLOAD_TOO_LARGE(size=f" ({declared} bytes)" if declared is not None else "", limit=limit)
 
 
 def _fields(s: ServerState, form) -> tuple[str, UploadFile, str | None]:
     name = form.get("name")
     if name is None:
-        raise APIError(400, "Missing required parameter: 'name'.", param="name", code="missing_required_parameter")
+        raise MISSING_PARAMETER(name="name", param="name")
     if not isinstance(name, str) or not valid_name(name):
-        shown = repr(name) if isinstance(name, str) and len(name) < 80 else "the value given"
-        raise APIError(400, f"Invalid voice name {shown}: use 1-63 lowercase letters, digits, '.', '_' or '-', "
-                       "starting with a letter or digit.", param="name", code="invalid_voice_name")
+        raise INVALID_VOICE_NAME(shown=repr(name) if isinstance(name, str) and len(name) < 80 else "the value given")
     if s.voice(name) is not None:
-        raise APIError(409, f"'{name}' is a bundled voice or alias; registered voices cannot replace it.",
-                       param="name", code="voice_exists")
+        raise NAME_TAKEN_BY_BUNDLED(name=name)
     upload = form.get("audio")
     if upload is None:
-        raise APIError(400, "Missing required parameter: 'audio'.", param="audio", code="missing_required_parameter")
+        raise MISSING_PARAMETER(name="audio", param="audio")
     if not isinstance(upload, UploadFile):
-        raise APIError(400, "'audio' must be a file upload (multipart file part), not a text field.", param="audio",
-                       code="invalid_value")
+        raise AUDIO_NOT_A_FILE()
     transcript = form.get("transcript")
     if transcript is not None and not isinstance(transcript, str):
-        raise APIError(400, "'transcript' must be a text field.", param="transcript", code="invalid_value")
+        raise TRANSCRIPT_NOT_TEXT()
     transcript = (transcript or "").strip() or None
     if transcript is not None and len(transcript) > MAX_TRANSCRIPT_CHARS:
-        raise APIError(400, f"The transcript has {len(transcript)} characters; the limit is {MAX_TRANSCRIPT_CHARS}.",
-                       param="transcript", code="invalid_value")
+        raise TRANSCRIPT_TOO_LONG(chars=len(transcript), limit=MAX_TRANSCRIPT_CHARS)
     return name, upload, transcript
 
 
@@ -334,11 +322,9 @@ def _check_room(s: ServerState, owner: str | None) -> None:
     total, owned = s.voice_store.usage(owner)
     quota, cap = s.settings.max_voices_per_owner, s.settings.max_registered_voices
     if owned >= quota:
-        raise APIError(409, f"This key has registered {owned} voices, the most one owner may have ({quota}); delete "
-                       "one of them first.", code="voice_quota_exceeded")
+        raise OWNER_QUOTA(owned=owned, quota=quota)
     if total >= cap:
-        raise APIError(409, f"The voice store holds {total} voices, the most this server allows ({cap}); delete one "
-                       "first, or ask the operator to raise max_registered_voices.", code="voice_store_full")
+        raise STORE_FULL(total=total, cap=cap)
 
 
 def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | None, deadline: float, *,
@@ -346,32 +332,25 @@ def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | N
     """Checks the store, decodes and extracts (in a worker, by `deadline`, time.monotonic()) and stores one
     voice (in a registration thread). Any failure leaves the store as it was."""
     if s.voice_store.exists(name):
-        raise APIError(409, f"A voice named '{name}' is already registered; delete it first or pick another name.",
-                       param="name", code="voice_exists")
+        raise NAME_TAKEN(name=name)
     _check_room(s, owner)
     upload.file.seek(0)
     data = upload.file.read()
     try:
         voice, c = s.extraction.register(data, upload.filename, upload.content_type, transcript, name, deadline)
     except (clip.ClipRejected, ClipError) as exc:
-        raise APIError(400, exc.message, param=exc.param, code=exc.code) from None
+        raise Refusal(exc.code, 400, exc.message, param=exc.param) from None  # the clip's fault, in its words
     except ExtractionTimeout:
         limit = s.settings.voice_registration_timeout_s
         log.warning("voice %s: not extracted within %g s; nothing stored", name, limit)
-        raise APIError(503, f"The voice could not be extracted within {limit:g} s: the server's CPU is busy with "
-                       "synthesis, which comes first. Nothing was stored; retry later.", type="server_error",
-                       code="registration_timeout", headers={"Retry-After": str(TIMEOUT_RETRY_AFTER_S)}) from None
+        raise REGISTRATION_TIMEOUT(limit=limit, retry_after_s=TIMEOUT_RETRY_AFTER_S) from None
     except WorkerDied:
-        raise APIError(503, "The voice feature extraction process stopped (see the server log); a fresh one is "
-                       "starting: retry.", type="server_error", code="registration_unavailable",
-                       headers={"Retry-After": "1"}) from None
+        raise EXTRACTION_WORKER_DIED() from None
     except PoolClosed:
-        raise APIError(503, "The server is shutting down; nothing was stored. Retry on another replica.",
-                       type="server_error", code="shutting_down", headers={"Retry-After": "1"}) from None
+        raise DRAINING_NOTHING_STORED() from None
     except ExtractionFailed as exc:
         log.error("voice %s: extraction failed: %s", name, exc)
-        raise APIError(500, f"The voice could not be extracted ({exc}); nothing was stored.", type="server_error",
-                       code="extraction_failed") from None
+        raise EXTRACTION_FAILED(detail=exc) from None
     rec = VoiceRecord(name=name, mode="zero_shot" if transcript else "cross_lingual", transcript=transcript,
                       created_at=int(time.time()), model=s.pipeline.manifest.name,
                       duration_seconds=round(c.seconds, 3), sample_rate=c.sample_rate, samples=c.samples,
@@ -381,10 +360,8 @@ def _register(s: ServerState, name: str, upload: UploadFile, transcript: str | N
     try:
         s.voice_store.add(rec, voice)
     except VoiceExists:
-        raise APIError(409, f"A voice named '{name}' was registered meanwhile (on this or another replica).",
-                       param="name", code="voice_exists") from None
+        raise NAME_TAKEN_MEANWHILE(name=name) from None
     except OSError as exc:  # full, read-only or unmounted volume: the operator's to fix, said plainly
         log.error("voice %s: the store could not be written: %s", name, exc)
-        raise APIError(500, f"The voice store could not be written ({exc.strerror or exc}); nothing was stored.",
-                       type="server_error", code="voice_store_error") from None
+        raise STORE_WRITE_FAILED(detail=exc.strerror or exc) from None
     return rec

@@ -1,0 +1,124 @@
+"""The one way into a synthesis, whatever the protocol: readiness, the model, the voice, instructions and
+limits checked in one place, giving a request for the scheduler or a refusal from the table
+(refusals.py). The HTTP API (whole text) and the WebSocket stream (streamed text) call the same
+functions and render what they return; neither re-derives a refusal.
+
+    voice = await resolve(state, options)          # Voice | Refusal
+    req = whole_text(state, body, voice, segments)  # SynthesisRequest | Refusal
+    req = streamed_text(state, voice, seed, instructions)  # SynthesisRequest | Refusal
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .engine.pipeline import Voice
+from .model.manifest import ModelLoadError
+from .options import OPENAI_VOICES, SpeechRequest, VoiceRef
+from .refusals import (ADMISSION, CUT_OFF_BY_DRAIN, DRAINING, INPUT_TOO_LONG, INSTRUCTIONS_UNSUPPORTED, LOADING,
+                       NOTHING_TO_SAY, SEGMENT_TOO_LONG, STREAM_TIMED_OUT, SYNTHESIS_FAILED,
+                       TIMED_OUT, UNKNOWN_MODEL, UNKNOWN_VOICE, VOICE_UNREADABLE, Refusal, sentence)
+from .scheduling.request import Outcome, SynthesisRequest
+from .scheduling.scheduler import Overloaded
+from .state import InstructionError, ServerState
+
+# OpenAI's TTS model names stand for the served model
+OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+class Options(Protocol):
+    """What both protocols' options have (api/schemas.SpeechRequest, api/stream_protocol.SessionOptions)."""
+
+    model: str | None
+    voice: str | VoiceRef | None
+
+    @property
+    def voice_id(self) -> str | None: ...
+
+    def refusal(self, sample_rate: int) -> Refusal | None:
+        """What the protocol cannot do with these options (SSE without streaming, a rate a format cannot
+        carry), for a model of this `sample_rate`; None when nothing."""
+
+
+def ready(state: ServerState) -> Refusal | None:
+    if state.draining:
+        return DRAINING()
+    if not state.ready:
+        return LOADING()
+    return None
+
+
+def serves(state: ServerState, model: str) -> bool:
+    return model in (state.model_id, *OPENAI_MODEL_ALIASES)
+
+
+def unknown_model(state: ServerState, model: str) -> Refusal:
+    return UNKNOWN_MODEL(model=model, served=state.model_id)
+
+
+async def resolve(state: ServerState, options: Options) -> Voice | Refusal:
+    """The voice of a synthesis with these options, once the server is ready and serves their model: bundled,
+    an alias, or registered on any replica (read through the prompt cache)."""
+    refused = ready(state)
+    if refused is None and options.model is not None and not serves(state, options.model):
+        refused = unknown_model(state, options.model)
+    refused = refused or options.refusal(state.pipeline.sample_rate)
+    if refused is not None:
+        return refused
+    name = options.voice_id
+    try:
+        voice = await state.find_voice(name)
+    except ModelLoadError as exc:  # the store's file is damaged: the server's problem, said plainly
+        return VOICE_UNREADABLE(voice=name, detail=exc)
+    if voice is None:
+        names = sorted([*state.pipeline.voices, *state.voice_aliases])
+        registered = " or a registered voice (GET /v1/audio/voices)" if state.voice_store is not None else ""
+        hint = (" OpenAI's voice names work once the model or the server maps them (voices.aliases in model.yaml, "
+                "or --voice-aliases alloy=<voice>).") if name in OPENAI_VOICES else ""
+        return UNKNOWN_VOICE(voice=name, available=", ".join(names) + registered, hint=hint,
+                             param="voice.id" if isinstance(options.voice, VoiceRef) else "voice")
+    return voice
+
+
+def whole_text(state: ServerState, body: SpeechRequest, voice: Voice, segments: list) -> SynthesisRequest | Refusal:
+    """A request for the whole input (its `segments` from `state.text_segments`), or why it cannot be made."""
+    try:
+        req = state.new_request(body, voice, segments)
+    except InstructionError as exc:
+        return INSTRUCTIONS_UNSUPPORTED(detail=sentence(str(exc)))
+    if not segments:
+        return NOTHING_TO_SAY()
+    fewest, most = state.token_bounds(segments, body.speed)
+    if fewest > most:
+        rate = state.pipeline.manifest.token_rate * body.speed
+        return INPUT_TOO_LONG(seconds=fewest / rate, limit=state.settings.max_audio_seconds)
+    return req
+
+
+def streamed_text(state: ServerState, voice: Voice, seed: int | None, instructions: str | None
+                  ) -> SynthesisRequest | Refusal:
+    """A session whose text arrives through its feed, or why it cannot be opened."""
+    try:
+        return state.new_bistream_request(voice, seed, instructions)
+    except InstructionError as exc:
+        return INSTRUCTIONS_UNSUPPORTED(detail=sentence(str(exc)))
+
+
+def overloaded(exc: Overloaded) -> Refusal:
+    """The scheduler's admission refusal (its bound, in its words)."""
+    return ADMISSION[exc.code](reason=sentence(str(exc)), retry_after_s=exc.retry_after_s)
+
+
+def ended(state: ServerState, outcome: Outcome, message: str | None, streamed_text: bool = False) -> Refusal | None:
+    """How a synthesis that ended otherwise than with all its audio is reported; None for OK. (A client that
+    cancelled is not told: the protocols see that before they ask.)"""
+    if outcome == Outcome.OK:
+        return None
+    if outcome == Outcome.TIMEOUT:  # a session's deadline runs from each text's arrival: the scheduler says so
+        return STREAM_TIMED_OUT(detail=sentence(message)) if streamed_text and message else \
+            TIMED_OUT(limit=state.settings.request_timeout_s)
+    if outcome == Outcome.SHUTDOWN:
+        return CUT_OFF_BY_DRAIN(detail=message)
+    if outcome == Outcome.LIMIT:
+        return SEGMENT_TOO_LONG(detail=sentence(message or outcome.value))
+    return SYNTHESIS_FAILED(detail=message or outcome.value)
