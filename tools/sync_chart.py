@@ -6,6 +6,7 @@ code, the operator's table of server settings from the server's ``Settings``, an
 * ``operator/deploy/rbac.yaml``                             ← ``cosyvoice_operator.permissions``
 * ``charts/cosyvoice-operator/files/dashboard.json``        ← ``tools.dashboard``
 * ``operator/cosyvoice_operator/server_settings.json``      ← ``cosyvoice_server.config.settings_table()``
+* ``operator/cosyvoice_operator/server_metrics.json``       ← ``cosyvoice_server.metrics`` (histogram buckets)
 * README.md "Configuration" table                           ← that table
 * docs/operator.md server-settings and MIG catalog tables   ← ``server_settings.CR_FIELDS``, ``mig.CATALOG``
 * docs/bench/table.md, docs/benchmarks.md results, tables and targets  ← ``docs/bench/results.json`` (``bench.report``)
@@ -30,6 +31,7 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "inference_image")]  # works 
 
 from cosyvoice_operator import mig, permissions, server_settings  # noqa: E402
 from cosyvoice_operator.constants import MANAGER  # noqa: E402
+from cosyvoice_server import metrics  # noqa: E402
 from cosyvoice_server.config import settings_table  # noqa: E402
 
 from bench import report  # noqa: E402
@@ -42,6 +44,7 @@ CHART_RULES = CHART / "files" / "rbac-rules.yaml"
 CHART_DASHBOARD = CHART / "files" / "dashboard.json"
 DEPLOY_RBAC = ROOT / "operator" / "deploy" / "rbac.yaml"
 SETTINGS_JSON = ROOT / "operator" / "cosyvoice_operator" / server_settings.TABLE_FILE
+METRICS_JSON = ROOT / "operator" / "cosyvoice_operator" / server_settings.METRICS_FILE
 README = ROOT / "README.md"
 OPERATOR_DOC = ROOT / "docs" / "operator.md"
 BENCH_DOC = ROOT / "docs" / "benchmarks.md"
@@ -99,6 +102,10 @@ def dashboard_json() -> str:
 
 def settings_json() -> str:
     return json.dumps(settings_table(), indent=1) + "\n"
+
+
+def metrics_json() -> str:
+    return json.dumps({"latency_buckets_s": list(metrics.LATENCY_BUCKETS)}, indent=1) + "\n"
 
 
 def replace_block(text: str, name: str, content: str) -> str:
@@ -182,6 +189,7 @@ TARGETS: dict[Path, Callable[[], str]] = {
     DEPLOY_RBAC: deploy_rbac,
     CHART_DASHBOARD: dashboard_json,
     SETTINGS_JSON: settings_json,
+    METRICS_JSON: metrics_json,
     README: readme,
     OPERATOR_DOC: operator_doc,
     BENCH_TABLE: lambda: report.table(json.loads(BENCH_RESULTS.read_text())),
@@ -210,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content)
             server_settings.table.cache_clear()
+            server_settings.metrics.cache_clear()
             print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

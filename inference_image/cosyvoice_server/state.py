@@ -137,10 +137,7 @@ class ServerState:
             self.metrics.voice_extraction_workers.set_function(lambda: self.extraction.live)
         with self.phases("text_workers"):
             self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
-        self.scheduler = Scheduler(self.pipeline, SchedulerConfig(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size,
-                                                                  int(s.stream_max_kv_mib * (1 << 20)),
-                                                                  s.http_reserved_share, s.stream_reserved_share),
-                                   self.metrics)
+        self.scheduler = Scheduler(self.pipeline, SchedulerConfig.from_settings(s), self.metrics)
         self.scheduler.start()
 
     async def warm_up(self) -> None:

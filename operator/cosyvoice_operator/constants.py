@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from . import server_settings
+
 OPERATOR_VERSION: Final = "0.1.0"
 
 # The custom resource.
@@ -35,7 +37,7 @@ COMPONENT: Final = "inference-server"
 LAST_APPLIED_ANNOTATION: Final = f"{GROUP}/last-applied"
 
 # Inference server contract.
-SERVER_PORT: Final = 8000
+SERVER_PORT: Final = int(server_settings.default("port"))  # the server's own default: it is started without --port
 SERVER_PORT_NAME: Final = "http"
 SERVER_COMMAND: Final = ("cosyvoice-server", "serve")
 FETCH_COMMAND: Final = ("cosyvoice-server", "fetch")

@@ -1,5 +1,6 @@
 """The inference server's settings, as the operator knows them: a table generated from the server's
-``Settings`` (``python -m tools.sync_chart`` writes ``server_settings.json``; a test keeps it current).
+``Settings`` (``python -m tools.sync_chart`` writes ``server_settings.json``; a test keeps it current),
+and the facts of its metrics the operator computes with (``server_metrics.json``, likewise).
 
 The operator image does not contain the server package, so it reads the table instead of importing
 it. Everything the operator says about a server setting — the ``COSYVOICE_*`` names it renders, the
@@ -18,12 +19,23 @@ from typing import Any
 from pydantic import Field
 
 TABLE_FILE = "server_settings.json"
+METRICS_FILE = "server_metrics.json"
 
 
 @cache
 def table() -> dict[str, dict[str, Any]]:
     rows = json.loads(resources.files(__package__).joinpath(TABLE_FILE).read_text())
     return {row["name"]: row for row in rows}
+
+
+@cache
+def metrics() -> dict[str, Any]:
+    return json.loads(resources.files(__package__).joinpath(METRICS_FILE).read_text())
+
+
+def latency_buckets() -> tuple[float, ...]:
+    """The upper bounds of the server's latency histograms (request duration, time to first audio)."""
+    return tuple(metrics()["latency_buckets_s"])
 
 
 def setting(name: str) -> dict[str, Any]:

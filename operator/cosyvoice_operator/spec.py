@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 
 from . import mig
-from .constants import DEFAULT_IMAGE, FORBIDDEN_ENV, FORBIDDEN_ENV_PREFIXES, OPERATOR_ENV
+from .constants import DEFAULT_IMAGE, FORBIDDEN_ENV, FORBIDDEN_ENV_PREFIXES, OPERATOR_ENV, SERVER_PORT
 from .server_settings import cr_field
 
 QUANTITY_RE = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -367,7 +367,7 @@ class Toleration(_Model):
 
 class ServiceSpec(_Model):
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=SERVER_PORT, ge=1, le=65535)  # the Service's port: by default the server's
     annotations: dict[str, str] = Field(default_factory=dict)
 
 

@@ -48,6 +48,11 @@ def test_each_kind_can_be_kept_a_share_and_small_servers_keep_none() -> None:
     assert refusal(tiny, True, 0, 0) is None
 
 
+def test_the_schedulers_defaults_are_the_servers_settings() -> None:
+    assert SchedulerConfig() == SchedulerConfig.from_settings(Settings())
+    assert SchedulerConfig().share(session=True) < SchedulerConfig().capacity  # HTTP's share is kept by default
+
+
 async def test_the_scheduler_counts_sessions_apart_and_says_why_it_refuses() -> None:
     pipeline = Pipeline(BUNDLED_MODEL, "cpu")
     metrics = Metrics()

@@ -12,10 +12,12 @@ import tomllib
 from typing import Any
 
 import pytest
-from cosyvoice_operator import server_settings
+from cosyvoice_operator import constants, server_settings
+from cosyvoice_operator.autoscaling import simulate
 from cosyvoice_operator.autoscaling.simconfig import SimConfig
 from cosyvoice_operator.render import Owner, render
 from cosyvoice_operator.spec import Batching, Shutdown, parse_spec
+from cosyvoice_server import metrics
 from cosyvoice_server.config import Settings, from_env_and_args, settings_table
 from cvs_crdschema import admit, openapi_schema
 from cvs_testkit import EXAMPLES, ROOT, load_example
@@ -100,6 +102,19 @@ def test_the_operator_package_does_not_import_the_server() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_table_ships_in_the_operator_wheel() -> None:
+def test_the_tables_ship_in_the_operator_wheel() -> None:
     pyproject = tomllib.loads((ROOT / "operator" / "pyproject.toml").read_text())
-    assert server_settings.TABLE_FILE in pyproject["tool"]["setuptools"]["package-data"]["cosyvoice_operator"]
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["cosyvoice_operator"]
+    assert {server_settings.TABLE_FILE, server_settings.METRICS_FILE} <= set(shipped)
+
+
+def test_the_simulator_reads_p95_from_the_servers_latency_buckets() -> None:
+    assert simulate.LATENCY_BUCKETS == server_settings.latency_buckets() == metrics.LATENCY_BUCKETS
+
+
+def test_the_pods_port_is_the_servers_default_port() -> None:
+    """The operator starts the server without --port; its probes, Service and scrape annotation use this one."""
+    port = Settings.model_fields["port"].default
+    assert constants.SERVER_PORT == port
+    dockerfile = (ROOT / "inference_image" / "Dockerfile").read_text()
+    assert f"EXPOSE {port}\n" in dockerfile and f"127.0.0.1:{port}/healthz" in dockerfile

@@ -13,7 +13,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from .hyperyaml import Call, ConfigError
+from .hyperyaml import Call, ConfigError, complaint
 
 # The CosyVoice2 model classes `convert` exports (module, class). DictConfig holds the CFM's settings.
 BUILDABLE: dict[str, tuple[str, str]] = {name: tuple(name.rsplit(".", 1)) for name in (  # type: ignore[misc]
@@ -58,5 +58,4 @@ def build(call: Call, path: Path | str) -> Any:
     try:
         return cls(**kwargs)
     except Exception as exc:  # the constructor's own complaint about a value, kept to one line
-        raise ConfigError(f"{path}:{call.line}: {name}({', '.join(kwargs)}) failed: "
-                          f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:200]}") from exc
+        raise ConfigError(f"{path}:{call.line}: {name}({', '.join(kwargs)}) failed: {complaint(exc)}") from exc

@@ -96,7 +96,7 @@ def load_state(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises pickle, zip and runtime errors for damaged files
-        raise ConvertError(f"{path}: not a readable torch state dict ({exc.__class__.__name__}: {' '.join(str(exc).split())[:200]})") from exc
+        raise ConvertError(f"{path}: not a readable torch state dict ({hyperyaml.complaint(exc)})") from exc
     if not isinstance(state, dict):
         raise ConvertError(f"{path}: holds a {type(state).__name__}, expected a state dict")
     return state

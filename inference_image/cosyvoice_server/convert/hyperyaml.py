@@ -28,6 +28,14 @@ class ConfigError(ValueError):
     """The yaml cannot be read or names something outside the allow-list; one line with file and line."""
 
 
+MAX_COMPLAINT_CHARS = 200  # a library's own error message quoted in ours (torch's can be pages long)
+
+
+def complaint(exc: BaseException) -> str:
+    """A library's exception as part of one line of ours: its class and its message, whitespace folded, cut short."""
+    return f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:MAX_COMPLAINT_CHARS]}"
+
+
 @dataclass(frozen=True)
 class Call:
     """`!new:target` (construct), `!name:target` (a partial) or `!apply:target` (a call at load time)."""

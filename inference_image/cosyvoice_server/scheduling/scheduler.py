@@ -32,6 +32,7 @@ from ..engine.bistream import Phase as InputPhase
 from ..engine.flow import FlowChunk, VocoderInput
 from ..engine.llm import Batch, Sequence
 from ..engine.pipeline import Pipeline
+from ..config import Settings
 from ..metrics import Metrics
 from ..streaming import Span, interpolate_mel, seam
 from .batching import StageQueue, WorkItem
@@ -39,6 +40,7 @@ from .planning import Admission, ParkedView, RowView, admit, settle
 from .request import Done, Outcome, RequestPhase, SegmentDone, SynthesisRequest
 
 log = logging.getLogger(__name__)
+MIB = 1 << 20
 
 WAITING, RUNNING, PARKED, DRAINING = (RequestPhase.WAITING, RequestPhase.RUNNING, RequestPhase.PARKED,
                                       RequestPhase.DRAINING)
@@ -62,14 +64,26 @@ class Overloaded(Exception):
         self.code = code
 
 
+def _default(setting: str):
+    return Settings.model_fields[setting].default
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 16
-    max_queue_delay_ms: float = 5.0
-    max_queue_size: int = 64
-    session_kv_limit_bytes: int = 64 << 20  # one bistream session's KV cache (its text since the last flush)
-    http_reserved_share: float = 0.0  # of the capacity, what sessions may not take
-    stream_reserved_share: float = 0.0  # of the capacity, what HTTP requests may not take
+    """The scheduler's part of the server's settings (config.py defines them and their defaults)."""
+
+    max_batch_size: int = _default("max_batch_size")
+    max_queue_delay_ms: float = _default("max_queue_delay_ms")
+    max_queue_size: int = _default("max_queue_size")
+    # one bistream session's KV cache (its text since the last flush)
+    session_kv_limit_bytes: int = int(_default("stream_max_kv_mib") * MIB)
+    http_reserved_share: float = _default("http_reserved_share")  # of the capacity, what sessions may not take
+    stream_reserved_share: float = _default("stream_reserved_share")  # of the capacity, what HTTP requests may not take
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> SchedulerConfig:
+        return cls(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size, int(s.stream_max_kv_mib * MIB),
+                   s.http_reserved_share, s.stream_reserved_share)
 
     @property
     def capacity(self) -> int:

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import server_settings
 from . import frontier
 from . import profile as profiles
 from . import traces
@@ -48,7 +49,7 @@ from .policy import Metrics, Settings
 from .simconfig import EXTRA_POLICIES, MAX_TRACE_S, POLICIES, SimConfig, add_arguments
 from .traces import Trace
 
-LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
+LATENCY_BUCKETS = server_settings.latency_buckets()  # the server's (cosyvoice_server/metrics.py)
 WARMUP_S = 300  # at the trace's first rate with the initial replicas, before the trace starts
 LENGTH_CV = 0.3  # spread of request lengths around a second's mean (sentences vary)
 
