@@ -168,3 +168,43 @@ def bistream_section(res: dict) -> str:
     else:
         lines.append(f"| {BISTREAM_SESSIONS} sessions at {BISTREAM_RATE:g} tokens/s | not measured in this run | **no** |")
     return "\n".join(lines) + "\n"
+
+
+MAX_HIT_OVER_MISS = 1 / 3  # a pod starting on a node whose cache holds the model, over the first pod there
+
+STARTUP_ROWS = (  # (phase key, label); fetch step first, then the server's
+    ("download", "download (SHA-256 checked on the way)"), ("unpack", "unpack"),
+    ("cache_fill", "cache fill (files hashed, entry renamed in)"), ("cache_verify", "cache check (files re-hashed)"),
+    ("fetch_s", "**fetch step**"),
+    ("session_llm", "session: LLM"), ("session_flow_encoder", "session: flow encoder"),
+    ("session_flow_estimator", "session: flow estimator"), ("session_vocoder", "session: vocoder (HiFT)"),
+    ("sessions", "sessions, wall"), ("voices", "voices"), ("text_workers", "text workers"), ("warmup", "warm-up"),
+    ("healthz_s", "server: process up (/healthz)"), ("ready_s", "**server: ready (/readyz)**"),
+    ("total_to_ready_s", "**pod start to ready** (fetch + server)"), ("first_request_s", "first request after ready"),
+    ("second_request_s", "the same request again"),
+)
+
+
+def startup_section(res: dict) -> str:
+    """bench.startup --fetch: each measurement's phases, before the cache and on a cache miss and hit."""
+    out = []
+    for m in res["measurements"]:
+        link = f"paced to {m['bandwidth_mib_s']:g} MiB/s" if m["bandwidth_mib_s"] else "over the loopback, unpaced"
+        load = m.get("load_avg_1m")
+        out += [f"Run on {m['date']} on {m['machine']}, `--device {m['device']}`, model {m['model']['bytes'] / 1e9:.2f} GB "
+                f"(archive {m['model']['archive_bytes'] / 1e9:.2f} GB, uncompressed tar); download {link}; "
+                f"{m['runs']} runs of each start, interleaved, medians in seconds"
+                + (f"; 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after" if load else "") + ":\n",
+                f"```sh\n{m['command']}\n```\n",
+                "| phase | before | cache miss | cache hit |", "|---|---|---|---|"]
+        s = m["scenarios"]
+        for key, label in STARTUP_ROWS:
+            cells = []
+            for name in ("before", "miss", "hit"):
+                v = s[name].get(key, s[name]["phases"].get(key))
+                cells.append("–" if v is None else f"{v:.2f}")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        ratio = m["hit_over_miss"]
+        out += ["", f"Cache hit ÷ miss, pod start to ready: {ratio:.2f} (target ≤ {MAX_HIT_OVER_MISS:.2f}: "
+                f"{'met' if ratio <= MAX_HIT_OVER_MISS else 'not met'}).", ""]
+    return "\n".join(out)

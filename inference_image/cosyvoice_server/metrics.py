@@ -43,7 +43,7 @@ class Metrics:
         self.max_batch = Gauge("cosyvoice_max_batch_size", "Configured maximum batch size per stage.", registry=r)
         self.startup_phase = Gauge(
             "cosyvoice_startup_phase_seconds", "How long each phase of this process's start took (session_<stage>: "
-            "one ONNX Runtime session; sessions: all of them, side by side; voices, text_workers, voice_workers, "
+            "one ONNX Runtime session; sessions: all of them, wall time; voices, text_workers, voice_workers, "
             "warmup); the fetch step's phases are in its own log.", ["phase"], registry=r)
         self.parked_sessions = Gauge(
             "cosyvoice_stream_parked_sessions",

@@ -68,3 +68,16 @@ def test_the_registration_target_is_judged_on_both_percentiles() -> None:
 def test_the_committed_registration_run_is_in_the_docs() -> None:
     res = json.loads((ROOT / "docs" / "bench" / "voices.json").read_text())
     assert report.voices_table(res) in (ROOT / "docs" / "benchmarks.md").read_text()
+
+
+def test_startup_verdict_follows_the_cache_hit_over_the_miss():
+    def measurement(hit_over_miss: float) -> dict[str, Any]:
+        scenario = {"fetch_s": 1.0, "healthz_s": 1.0, "ready_s": 2.0, "total_to_ready_s": 3.0, "phases": {"warmup": 1.0}}
+        return {"date": "2026-01-01", "machine": "m", "device": "cpu", "runs": 1, "bandwidth_mib_s": 100,
+                "model": {"bytes": 2e9, "archive_bytes": 2e9}, "command": "c", "hit_over_miss": hit_over_miss,
+                "scenarios": {"before": scenario, "miss": scenario, "hit": scenario | {"phases": {}}}}
+
+    met = report.startup_section({"measurements": [measurement(0.3)]})
+    assert "0.30 (target ≤ 0.33: met)" in met
+    assert "| warm-up | 1.00 | 1.00 | – |" in met  # a phase the hit did not run is a dash, not a zero
+    assert "not met" in report.startup_section({"measurements": [measurement(0.34)]})
