@@ -20,6 +20,13 @@ def _quantile(q: float, metric: str, extra: str = "", by: str = BY) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{sel}}}[{RATE}])))"
 
 
+def _per_version(expr: str, by: str) -> str:
+    """`expr` (per scrape target) summed per model version: joined with the server's cosyvoice_model_info on
+    `instance`, the canary analysis's join."""
+    info = f"max by (instance, model_version) (cosyvoice_model_info{{{SEL}}})"
+    return f"sum by ({by}) (({expr}) * on (instance) group_left (model_version) {info})"
+
+
 # (title, unit, [(legend, expr)], description)
 PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
     ("Request latency (successful)", "s",
@@ -81,6 +88,15 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
        f"max by ({BY}, pod, gpu_uuid, mig_uuid, mig_profile) (cosyvoice_gpu_memory_used_bytes{{{SEL}}}) / "
        f"max by ({BY}, pod, gpu_uuid, mig_uuid, mig_profile) (cosyvoice_gpu_memory_total_bytes{{{SEL}}})")],
      "Used / total memory of the device each pod holds."),
+    ("Per model version: p95 latency and error ratio (canaries)", "short",
+     [("p95 s {{cosyvoice_service}} {{model_version}}",
+       "histogram_quantile(0.95, " + _per_version(
+           f'rate(cosyvoice_request_duration_seconds_bucket{{{SEL}, code="200"}}[{RATE}])', f"{BY}, model_version, le")
+       + ")"),
+      ("5xx ratio {{cosyvoice_service}} {{model_version}}",
+       _per_version(f'rate(cosyvoice_requests_total{{{SEL}, code=~"5.."}}[{RATE}])', f"{BY}, model_version") + " / "
+       + _per_version(f"rate(cosyvoice_requests_total{{{SEL}}}[{RATE}])", f"{BY}, model_version"))],
+     "Stable and canary side by side (spec.modelVersion; unset, a digest of what defines the model)."),
     ("Ready pods", "short",
      [("{{cosyvoice_service}}", f"sum by ({BY}) (cosyvoice_ready{{{SEL}}})")],
      "Pods answering /readyz."),

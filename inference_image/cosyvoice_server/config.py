@@ -45,6 +45,9 @@ class Settings(BaseModel):
     stream_reserved_share: float = Field(0.0, ge=0, le=0.9, description="share of admission capacity (rounded down) that HTTP speech requests cannot take: kept for WebSocket sessions (requests beyond it get 429 http_share_full)")
     stream_allowed_origins: str | None = Field(None, description="browser origins allowed to open WebSocket speech sessions, comma-separated (e.g. https://app.example.com,http://localhost:3000), or * for any; a handshake with any other Origin header gets 403. Clients that send no Origin (not browsers) are unaffected")
     served_model_name: str | None = Field(None, description="model id in the API (default: the manifest's name)")
+    model_version: str | None = Field(None, max_length=63, description="the version name in the "
+                                      "cosyvoice_model_info metric, which tells a canary's series from the stable "
+                                      "version's (the operator sets the CR's modelVersion; default: the model id)")
     voice_aliases: str | None = Field(None, description="alias=voice pairs, comma-separated (e.g. alloy=default,nova=bright), "
                                       "added over the model.yaml voices.aliases table")
     api_key: str | None = Field(None, description="if set, /v1/* requires 'Authorization: Bearer <key>'", repr=False)

@@ -121,6 +121,7 @@ class ServerState:
         opts = RuntimeOptions(device_id=s.device_id, gpu_mem_limit_bytes=s.gpu_mem_limit_bytes,
                               intra_op_threads=s.intra_op_threads)
         self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts, self.phases, s.session_load_threads)
+        self.metrics.model_info.labels(self.model_id, s.model_version or self.model_id).set(1)
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
         if s.voice_store_dir is not None:

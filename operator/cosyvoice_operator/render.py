@@ -143,6 +143,7 @@ def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
         "device": "cuda" if spec.gpu is not None else "cpu",
         "precision": spec.effective_precision,
         "served_model_name": spec.served_model_name,
+        "model_version": spec.version,  # the info metric a canary's series are told apart by
         "max_batch_size": batching.max_batch_size,
         "max_queue_delay_ms": f"{batching.max_queue_delay_ms:g}",
         "max_queue_size": batching.max_queue_size,

@@ -27,13 +27,11 @@ class Version:
     """One version's pods as Prometheus sees them: the server's metrics, answering ``latency`` seconds."""
 
     def __init__(self, model_version: str, latency: float, ttfa: float) -> None:
-        from prometheus_client import Gauge, start_http_server
+        from prometheus_client import start_http_server
 
 
         self.metrics = Metrics()
-        info = Gauge("cosyvoice_model_info", "the model a server serves", ["model_version"],
-                     registry=self.metrics.registry)
-        info.labels(model_version=model_version).set(1)
+        self.metrics.model_info.labels(model="cosyvoice2", model_version=model_version).set(1)
         self.latency, self.ttfa = latency, ttfa
         self.server, self.thread = start_http_server(0, addr="127.0.0.1", registry=self.metrics.registry)
         self.target = f"127.0.0.1:{self.server.server_port}"

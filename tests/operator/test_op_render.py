@@ -200,10 +200,12 @@ def test_without_storage_the_bundled_model_is_used() -> None:
 
 def test_server_configuration_is_passed_as_environment() -> None:
     e = env({"batching": {"maxBatchSize": 16, "maxQueueDelayMs": 3, "maxQueueSize": 64, "requestTimeoutSeconds": 30},
-             "shutdown": {"drainTimeoutSeconds": 20}, "servedModelName": "cv2", "precision": "fp16"})
+             "shutdown": {"drainTimeoutSeconds": 20}, "servedModelName": "cv2", "precision": "fp16",
+             "modelVersion": "cv2-fp16"})
     assert e == {
         "HOME": "/tmp", "COSYVOICE_HOST": "0.0.0.0", "COSYVOICE_PORT": "8000", "COSYVOICE_DEVICE": "cpu",
-        "COSYVOICE_PRECISION": "fp16", "COSYVOICE_SERVED_MODEL_NAME": "cv2", "COSYVOICE_MAX_BATCH_SIZE": "16",
+        "COSYVOICE_PRECISION": "fp16", "COSYVOICE_SERVED_MODEL_NAME": "cv2", "COSYVOICE_MODEL_VERSION": "cv2-fp16",
+        "COSYVOICE_MAX_BATCH_SIZE": "16",
         "COSYVOICE_MAX_QUEUE_DELAY_MS": "3", "COSYVOICE_MAX_QUEUE_SIZE": "64", "COSYVOICE_REQUEST_TIMEOUT_S": "30",
         "COSYVOICE_DRAIN_TIMEOUT_S": "20"}
     c = server({})

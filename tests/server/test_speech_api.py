@@ -332,3 +332,11 @@ def test_metrics_expose_every_documented_name(server):
         assert name in text, name
     assert 'cosyvoice_requests_total{code="200"}' in text
     assert 'cosyvoice_requests_total{code="400"}' in text
+    model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    assert f'cosyvoice_model_info{{model="{model}",model_version="{model}"}} 1.0' in text  # unversioned: the id
+
+
+def test_the_model_version_the_operator_sets_names_the_info_metric(start_server):
+    s = start_server(env={"COSYVOICE_MODEL_VERSION": "cv3-canary"})
+    info = [line for line in s.metrics().splitlines() if line.startswith("cosyvoice_model_info{")]
+    assert len(info) == 1 and 'model_version="cv3-canary"' in info[0] and info[0].endswith(" 1.0")
