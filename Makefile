@@ -84,8 +84,11 @@ tools: $(VENV)/bin/python
 demo: install
 	$(PY) -m cosyvoice_server.demo --out $(DEMO_OUT)/hello.wav
 
+# The suite on every core (pytest-xdist): test files are spread over the workers, each file whole in one,
+# so its module-scoped servers start once. TEST_WORKERS=0 runs it in this process, one test at a time.
+TEST_WORKERS ?= auto
 test: install-test install-convert tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # Mutation testing of the decision modules against their unit tests (docs/testing.md); slower than
 # `make test`, so not part of it. MUTATION_ARGS="--module apply.py" limits it to matching modules.

@@ -119,4 +119,5 @@ def test_every_flag_of_every_command_says_what_it_does_and_the_simulator_shows_i
         silent = [a.option_strings[-1] for a in command._actions if a.option_strings and not a.help]
         assert not silent, f"{name}: flags without help: {silent}"
     text = sub.choices["simulate"].format_help()
-    assert "(default 120.0)" in text and "(default 40)" in text and "(default tiny-cpu)" in text
+    assert "(default 15.0)" in text and "(default 40)" in text and "(default tiny-cpu)" in text
+    assert "default: the profile's measured start" in text and "(default None)" not in text

@@ -139,4 +139,4 @@ def add_arguments(ap: Any) -> None:
         kind = _min_replicas if f.name == "min_replicas" else float if f.name == "cold_start_s" else \
             type(getattr(d, f.name))
         ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name),
-                        help=f.metadata["help"] + " (default %(default)s)")
+                        help=f.metadata["help"] + ("" if getattr(d, f.name) is None else " (default %(default)s)"))
