@@ -206,6 +206,13 @@ class TextFrontend:
     def takes_instructions(self) -> bool:
         return self.tokenizer.token_to_id(END_OF_PROMPT) is not None
 
+    @property
+    def markup_tags(self) -> list[str]:
+        """The tokenizer's special tokens a text may contain to be voiced (`[breath]`, `<strong>`...): its added
+        tokens less the chat and prompt structure (`<|...|>`), in vocabulary order."""
+        added = sorted(self.tokenizer.get_added_tokens_decoder().items())
+        return [t.content for _, t in added if not (t.content.startswith("<|") and t.content.endswith("|>"))]
+
     def instruction_tokens(self, instruction: str) -> list[int]:
         """Upstream's instruct2 prompt text: the instruction as written (not normalized, as upstream) ending
         in the end-of-prompt token."""

@@ -45,6 +45,13 @@ async def _speak(client, url, text, voice, stream, seed, speed=1.0):
 CASES = [(" ".join(WORDS[: 3 + 2 * i]), ["spk_a", "spk_b"][i % 2], i % 3 != 0, 100 + i) for i in range(8)]
 
 
+def test_a_converted_model_lists_its_instructions_and_markup_tags(served):
+    caps = httpx.get(served.url + "/v1/models").json()["data"][0]["capabilities"]
+    assert caps["instructions"] is True  # <|endofprompt|> is in upstream's tokenizer
+    assert {"[breath]", "[laughter]", "<strong>", "</strong>"} <= set(caps["tags"])
+    assert not [t for t in caps["tags"] if t.startswith("<|")]
+
+
 def test_alone_streamed_and_not_matches_upstream(served, pipeline, reference):
     async def run():
         async with httpx.AsyncClient(timeout=120) as c:

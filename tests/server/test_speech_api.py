@@ -108,6 +108,14 @@ def test_models_lists_the_served_model(server):
     # the fields OpenAI's SDKs parse
     assert card["object"] == "model" and isinstance(card["created"], int) and card["owned_by"]
     assert speech(server.url, model=model_id).status_code == 200
+    # what a client can rely on, listed rather than learned from a 400: the tiny model takes no instructions
+    caps = httpx.get(server.url + f"/v1/models/{model_id}").json()["capabilities"]
+    assert caps == card["capabilities"]
+    assert caps["sample_rate"] == 24000 and {"mp3", "opus", "pcm", "wav"} <= set(caps["response_formats"])
+    assert caps["stream_formats"] == ["audio", "sse"] and caps["voice_cloning"] is False
+    assert caps["instructions"] is False
+    r = speech(server.url, instructions="Speak slowly.")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
 
 
 def test_streamed_wav_arrives_in_order_before_synthesis_ends(server):

@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from concurrent.futures.process import BrokenProcessPool
+from typing import get_args
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request
@@ -24,7 +25,7 @@ from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
 from .auth import require_api_key
 from .errors import body_error, validation_message
-from .schemas import ErrorResponse, ModelCard, ModelList, SpeechRequest
+from .schemas import ErrorResponse, ModelCapabilities, ModelCard, ModelList, SpeechRequest
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,14 @@ def ready_or_503(state: ServerState) -> None:
 
 
 def _model_card(s: ServerState) -> ModelCard:
-    return ModelCard(id=s.model_id, created=s.created)
+    p = s.pipeline
+    if p is None:
+        return ModelCard(id=s.model_id, created=s.created)
+    caps = ModelCapabilities(
+        sample_rate=p.sample_rate, response_formats=list(get_args(SpeechRequest.model_fields["response_format"].annotation)),
+        stream_formats=list(get_args(SpeechRequest.model_fields["stream_format"].annotation)),
+        instructions=p.frontend.takes_instructions, tags=p.frontend.markup_tags, voice_cloning=s.extraction is not None)
+    return ModelCard(id=s.model_id, created=s.created, capabilities=caps)
 
 
 @router.get("/models", responses={200: {"model": ModelList}})

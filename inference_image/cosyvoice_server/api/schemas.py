@@ -12,11 +12,25 @@ from ..options import MAX_INPUT_CHARS, OPENAI_VOICES, SpeechRequest, VoiceRef, c
 __all__ = ["MAX_INPUT_CHARS", "OPENAI_VOICES", "SpeechRequest", "VoiceRef", "check_voice_shape", "unicode_problem",
            "ModelCard", "VoiceCard", "ModelList", "VoiceList", "ErrorDetail", "ErrorResponse"]
 
+class ModelCapabilities(BaseModel):
+    """What this model and server accept, so a client can discover it instead of learning it from a 400."""
+
+    sample_rate: int = Field(description="Hz of the model's audio (`pcm` and `wav` are sent at this rate)")
+    response_formats: list[str] = Field(description="values of `response_format`")
+    stream_formats: list[str] = Field(description="values of `stream_format` (`audio`: chunked body, `sse`: events)")
+    instructions: bool = Field(description="`instructions` are followed (the tokenizer has <|endofprompt|>); they "
+                               "need a voice cloned from a clip")
+    tags: list[str] = Field(description="markup the model voices when it appears in `input`, e.g. [breath], "
+                            "[laughter], <strong>...</strong>")
+    voice_cloning: bool = Field(description="POST /v1/audio/voices registers voices from clips on this server")
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "cosyvoice-server"
+    capabilities: ModelCapabilities | None = Field(None, description="absent while the model is loading")
 
 
 class VoiceCard(BaseModel):
