@@ -73,6 +73,29 @@ def _ratio_inputs(alert: str, service: str, ratio: float) -> list[Obj]:
             _series("cosyvoice_gpu_memory_total_bytes", gpu, "1000x60")]
 
 
+def test_the_error_alert_names_the_model_version_that_fails(rules: dict[str, Obj], tmp_path: Path) -> None:
+    """A canary answering 10 % 5xx beside a healthy stable version: the alert fires for the canary's version only."""
+    rule = {k: v for k, v in rules["CosyVoiceHighErrorRatio"].items() if k != "annotations"}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [rule]}]}))
+    svc = 'namespace="default", cosyvoice_service="tts"'
+    series = []
+    for pod, version, bad in (("tts-0", "cv2", 0), ("tts-1", "cv2", 0), ("tts-canary-0", "cv3", 100)):
+        at = f'{svc}, instance="{pod}:8000"'
+        series += [_series("cosyvoice_requests_total", f'{at}, code="500"', f"0+{bad}x60"),
+                   _series("cosyvoice_requests_total", f'{at}, code="200"', f"0+{1000 - bad}x60"),
+                   _series("cosyvoice_model_info", f'{at}, model="m", model_version="{version}"', "1x60")]
+    labels = {"severity": rule["labels"]["severity"], "namespace": "default", "cosyvoice_service": "tts",
+              "model_version": "cv3"}
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [{"eval_time": "10m", "alertname": "CosyVoiceHighErrorRatio", "exp_alerts": [{"exp_labels": labels}]}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    done = subprocess.run([str(promtool()), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 RATIO_ALERTS = {"CosyVoiceHighErrorRatio": "errorRatio", "CosyVoiceRequestsRejected": "rejectedRatio",
                 "CosyVoiceQueueSaturated": "saturationRatio", "CosyVoiceGPUMemoryNearLimit": "gpuMemoryRatio"}
 
