@@ -186,12 +186,11 @@ class ServerState:
         return await self.text.segments(text)
 
     def new_request(self, body: SpeechRequest, voice: Voice | None = None,
-                    segments: list[np.ndarray] | None = None) -> SynthesisRequest:
+                    segments: list[np.ndarray] | None = None, max_tokens: int | None = None) -> SynthesisRequest:
         """`voice`: as `find_voice` resolved it; None looks the request's voice up among the bundled ones.
-        `segments`: the input's, from `text_segments`; None computes them here, on the calling thread."""
+        `segments`: the input's, from `text_segments`; None computes them here, on the calling thread.
+        `max_tokens`: the most of `token_bounds`, when the caller has it already."""
         p = self.pipeline
-        m = p.manifest
-        st = m.streaming
         voice = voice or p.voices[self.voice(body.voice_id)]
         if body.instructions and body.instructions.strip():
             voice = instruct(voice, body.instructions, p.frontend)
@@ -206,9 +205,8 @@ class ServerState:
             seed=body.seed,
             deadline=time.monotonic() + self.settings.request_timeout_s,
             loop=asyncio.get_running_loop(),
-            planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
-                                 len(voice.prompt_speech_tokens), chunked),
-            max_tokens=self.token_bounds(segments, body.speed)[1],
+            planner=self._planner(voice, chunked),
+            max_tokens=self.token_bounds(segments, body.speed)[1] if max_tokens is None else max_tokens,
         )
 
     def new_bistream_request(self, voice: str | Voice | None = None, seed: int | None = None,
@@ -219,7 +217,6 @@ class ServerState:
         InstructionError (a ValueError) for instructions the voice or model cannot take."""
         p = self.pipeline
         m = p.manifest
-        st = m.streaming
         if isinstance(voice, Voice):
             v = voice
         elif (name := self.voice(voice)) is not None:
@@ -237,12 +234,19 @@ class ServerState:
             seed=seed,
             deadline=float("inf"),  # a session's deadline is its feed's: see TextFeed
             loop=asyncio.get_running_loop(),
-            planner=ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
-                                 len(v.prompt_speech_tokens), True),
+            planner=self._planner(v, True),
             max_tokens=max(1, int(self.settings.max_audio_seconds * m.token_rate)),  # per segment
             text=TextFeed(StreamTokenizer(p.frontend.tokenizer), self.settings.request_timeout_s,
                           m.frontend.max_text_tokens_per_segment, cap),
         )
+
+    def _planner(self, voice: Voice, chunked: bool) -> ChunkPlanner:
+        """A request's streaming chunks: the model's hops after the voice's prompt tokens (`chunked` False:
+        one chunk per segment, as upstream's non-streamed and speed-changed synthesis)."""
+        m = self.pipeline.manifest
+        st = m.streaming
+        return ChunkPlanner(st.first_hop_tokens, st.max_hop_tokens, st.hop_growth, m.flow.pre_lookahead_tokens,
+                            len(voice.prompt_speech_tokens), chunked)
 
     def token_bounds(self, segments: list, speed: float) -> tuple[int, int]:
         """(fewest, most) speech tokens a request may produce: the model's token/text ratios per

@@ -82,13 +82,13 @@ async def resolve(state: ServerState, options: Options) -> Voice | Refusal:
 
 def whole_text(state: ServerState, body: SpeechRequest, voice: Voice, segments: list) -> SynthesisRequest | Refusal:
     """A request for the whole input (its `segments` from `state.text_segments`), or why it cannot be made."""
+    fewest, most = state.token_bounds(segments, body.speed)
     try:
-        req = state.new_request(body, voice, segments)
+        req = state.new_request(body, voice, segments, max_tokens=most)
     except InstructionError as exc:
         return INSTRUCTIONS_UNSUPPORTED(detail=sentence(str(exc)))
     if not segments:
         return NOTHING_TO_SAY()
-    fewest, most = state.token_bounds(segments, body.speed)
     if fewest > most:
         rate = state.pipeline.manifest.token_rate * body.speed
         return INPUT_TOO_LONG(seconds=fewest / rate, limit=state.settings.max_audio_seconds)
