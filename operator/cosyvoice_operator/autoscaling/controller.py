@@ -44,6 +44,18 @@ class _State:
     interval: float = 15.0
 
 
+def patch_status_section(client: kube.Kube, namespace: str, name: str, section: str, body: Obj, previous: Obj) -> None:
+    """Writes ``status.<section>`` through the status subresource unless it already says ``body``: a key set
+    to None is cleared only when ``previous`` has it. A CosyVoiceService deleted meanwhile is no error."""
+    merged = {k: v for k, v in body.items() if v is not None or k in previous}
+    if apply.contains(previous, merged):
+        return
+    try:
+        client.patch(kube.COSYVOICESERVICES, namespace, name, {"status": {section: merged}}, subresource="status")
+    except kube.NotFound:
+        pass
+
+
 def post_event(client: kube.Kube, cr: Obj, type_: str, reason: str, message: str) -> None:
     """A core/v1 Event on the CosyVoiceService, written directly: the autoscale loop runs outside any kopf
     handler, where ``kopf.event`` has no queue to post to."""
@@ -200,11 +212,4 @@ class Autoscaler:
         if d.desired != current:
             body["lastScaleTime"] = stamp
             body["lastScaleReason"] = d.reason
-        merged = {k: v for k, v in body.items() if v is not None or k in previous}
-        if apply.contains(previous, {k: v for k, v in merged.items()}):
-            return
-        try:
-            self.kube.patch(kube.COSYVOICESERVICES, namespace, name, {"status": {"autoscaling": merged}},
-                            subresource="status")
-        except kube.NotFound:
-            pass
+        patch_status_section(self.kube, namespace, name, "autoscaling", body, previous)

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .. import admin, apply, kube, render
+from .. import admin, kube, render
 from ..autoscaling import prometheus
-from ..autoscaling.controller import post_event
+from ..autoscaling.controller import patch_status_section, post_event
 from ..spec import Autoscaling, CosyVoiceServiceSpec, InvalidSpec, parse_spec
 from ..status import now_iso
 from . import metrics
@@ -141,14 +141,7 @@ class CanaryController:
             return Figures(), Figures(), ("MetricsUnavailable", f"Prometheus query failed: {exc}")
 
     def _write(self, namespace: str, name: str, body: Obj, previous: Obj) -> None:
-        merged = {k: v for k, v in body.items() if v is not None or k in previous}
         # figures of a version no longer measured are dropped, not kept from an earlier reading
-        for key in ("stable", "canary"):
-            merged[key] = {**{k: None for k in previous.get(key) or {} if k not in body[key]}, **body[key]}
-        if apply.contains(previous, merged):
-            return
-        try:
-            self.kube.patch(kube.COSYVOICESERVICES, namespace, name, {"status": {"canary": merged}},
-                            subresource="status")
-        except kube.NotFound:
-            pass
+        body = {**body, **{key: {**{k: None for k in previous.get(key) or {} if k not in body[key]}, **body[key]}
+                           for key in ("stable", "canary")}}
+        patch_status_section(self.kube, namespace, name, "canary", body, previous)
