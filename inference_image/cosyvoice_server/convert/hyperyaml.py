@@ -70,7 +70,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "cosyvoice.utils.common.ras_sampling", "cosyvoice.utils.common.nucleus_sampling",
         "cosyvoice.utils.common.random_sampling", "matcha.utils.audio.mel_spectrogram",
         "cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer", "cosyvoice.tokenizer.tokenizer.get_tokenizer",
-        "torchaudio.functional.compute_kaldi_pitch", "cosyvoice.utils.executor.Executor")},
+        "torchaudio.functional.compute_kaldi_pitch")},
     **{name: frozenset({"new"}) for name in (
         # language models
         "cosyvoice.llm.llm.TransformerLM", "cosyvoice.llm.llm.Qwen2LM", "cosyvoice.llm.llm.Qwen2Encoder",
