@@ -93,6 +93,18 @@ class Settings(BaseModel):
     audio_encoder_threads: int = Field(4, ge=1, le=64, description="threads that encode compressed response "
                                        "audio (mp3, opus, aac, flac) off the event loop, used by nothing else: "
                                        "voice registrations and store reads cannot hold them up")
+    flow_max_batch: int = Field(0, ge=0, le=1024, description="most chunks one flow run takes (at most "
+                                "max_batch_size); 0: measured at start-up, the largest batch each of whose doublings "
+                                "still ran more chunks per second by a margin (on CPU at CosyVoice2-0.5B's size that "
+                                "is 1: batching there adds latency and no throughput)")
+    vocoder_max_batch: int = Field(0, ge=0, le=1024, description="most chunks one vocoder run takes (at most "
+                                   "max_batch_size); 0: measured at start-up, as flow_max_batch")
+    flow_cache_mib: int = Field(2048, ge=0, le=1 << 20, description="memory for streamed segments' flow states, "
+                                "all requests together: a streamed chunk computes only its new mel frames from what "
+                                "the segment's earlier chunks left (about 1.1 MiB per frame of prompt and segment at "
+                                "CosyVoice2-0.5B's size, i.e. 57 MiB per second of audio, freed when the segment "
+                                "ends); a segment that finds no room re-runs the flow over its prefix, with the same "
+                                "audio; 0 turns the cache off")
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")

@@ -45,6 +45,11 @@ class Metrics:
                                 "name (model_version setting).", ["model", "model_version"], registry=r)
         self.ready = Gauge("cosyvoice_ready", "1 when the server accepts speech requests (loaded, warmed up, not draining).", registry=r)
         self.max_batch = Gauge("cosyvoice_max_batch_size", "Configured maximum batch size per stage.", registry=r)
+        self.stage_max_batch = Gauge("cosyvoice_stage_max_batch_size", "Most items one run of a stage takes: "
+                                     "--flow-max-batch/--vocoder-max-batch, or measured at start-up where 0.",
+                                     ["stage"], registry=r)
+        self.flow_cache_bytes = Gauge("cosyvoice_flow_cache_bytes", "Memory streamed segments' flow caches hold "
+                                      "(at most --flow-cache-mib).", registry=r)
         self.startup_phase = Gauge(
             "cosyvoice_startup_phase_seconds", "How long each phase of this process's start took (session_<stage>: "
             "one ONNX Runtime session; sessions: all of them, wall time; voices, text_workers, voice_workers, "

@@ -120,7 +120,8 @@ class ServerState:
 
         opts = RuntimeOptions(device_id=s.device_id, gpu_mem_limit_bytes=s.gpu_mem_limit_bytes,
                               intra_op_threads=s.intra_op_threads)
-        self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts, self.phases, s.session_load_threads)
+        self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts, self.phases, s.session_load_threads,
+                                 s.flow_cache_mib * 2**20)
         self.metrics.model_info.labels(self.model_id, s.model_version or self.model_id).set(1)
         self.voice_aliases = voice_aliases(s.model_dir, self.pipeline.manifest, set(self.pipeline.voices),
                                            s.voice_alias_table())
@@ -138,8 +139,24 @@ class ServerState:
             self.metrics.voice_extraction_workers.set_function(lambda: self.extraction.live)
         with self.phases("text_workers"):
             self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
-        self.scheduler = Scheduler(self.pipeline, SchedulerConfig.from_settings(s), self.metrics)
+        self.scheduler = Scheduler(self.pipeline, SchedulerConfig.from_settings(s, self._measured_batches()),
+                                   self.metrics)
+        self.metrics.flow_cache_bytes.set_function(lambda: self.pipeline.flow.ledger.used)
         self.scheduler.start()
+
+    def _measured_batches(self) -> dict[str, int]:
+        """The paying batch of each stage set to 0 (measure), measured on this device."""
+        s = self.settings
+        if s.flow_max_batch and s.vocoder_max_batch:
+            return {}
+        from .engine import probe
+
+        with self.phases("batch_probe"):
+            found = probe.measure(self.pipeline, s.max_batch_size)
+        for stage, (size, times) in found.items():
+            log.info("%s stage: batches of up to %d (%s)", stage, size,
+                     ", ".join(f"{b}: {t * 1000:.1f} ms" for b, t in times.items()))
+        return {stage: size for stage, (size, _) in found.items()}
 
     async def warm_up(self) -> None:
         """One real synthesis through every stage, so the first user request pays no lazy init."""

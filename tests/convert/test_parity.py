@@ -17,6 +17,7 @@ import soundfile as sf
 from reference import log_mel
 
 from cosyvoice_server.engine.flow import FlowChunk, VocoderInput
+from cosyvoice_server.streaming import ChunkPlanner
 
 TOL = 1e-4
 TEXT = "Hello world, this is a small test of speech synthesis."
@@ -130,6 +131,65 @@ def test_flow_mel_streaming_and_not_alone_and_in_a_batch_of_8(pipeline, referenc
     speaker, _, offset, end, _ = CASES[1]
     full_context = reference.flow_mel(all_tokens[1][: end + 3], reference.speaker(speaker), streaming=False, finalize=False)
     assert np.abs(alone[1] - full_context[:, 2 * offset:]).max() > 100 * TOL
+
+
+def _segment_chunks(pipeline, tokens: list[int], speaker: str, cache) -> list[FlowChunk]:
+    """A streamed segment's flow calls as upstream's tts loop makes them (hop 25 + prompt pad, doubling to 100)."""
+    s = pipeline.manifest.streaming
+    v = pipeline.voices[speaker]
+    planner = ChunkPlanner(s.first_hop_tokens, s.max_hop_tokens, s.hop_growth, 3, len(v.prompt_speech_tokens), True)
+    out = []
+    while (span := planner.next(len(tokens), True)) is not None:
+        chunk = _chunk(pipeline, tokens, speaker, span.offset, span.end, span.final)
+        chunk.cache = cache
+        out.append(chunk)
+    return out
+
+
+@pytest.mark.parametrize("budget", ["ample", "dropped mid-segment"])
+def test_streamed_segments_computed_incrementally_match_upstream_every_chunk(pipeline, reference, budget):
+    """Each streamed chunk computes only the frames after the segment's cache; every chunk's mel is upstream's
+    for that call (its full re-run over the prefix), alone and with three segments batched, and a segment whose
+    cache finds no room goes on re-running with the same mel."""
+    flow = pipeline.flow
+    assert flow.incremental is not None
+    rng = np.random.default_rng(5)
+    segments = [(rng.integers(0, 6561, n).tolist(), speaker) for n, speaker in ((310, "spk_a"), (140, "spk_b"), (77, "spk_a"))]
+    limit = flow.ledger.limit
+    if budget != "ample":
+        flow.ledger.limit = 200 * flow.cache_bytes_per_frame()  # room for the first chunks only
+    try:
+        alone = [[flow.run([c])[0] for c in _segment_chunks(pipeline, t, spk, flow.new_cache())] for t, spk in segments]
+        plans = [_segment_chunks(pipeline, t, spk, flow.new_cache()) for t, spk in segments]
+        caches = [p[0].cache for p in plans]
+        batched: list[list[np.ndarray]] = [[] for _ in plans]
+        dropped = set()  # segments whose cache went while streamed chunks were left
+        for k in range(max(map(len, plans))):
+            rows = [i for i, p in enumerate(plans) if k < len(p)]
+            for i, mel in zip(rows, flow.run([plans[i][k] for i in rows])):
+                batched[i].append(mel)
+                if k == 0:  # the first chunk's complete chunks are kept, and only those
+                    assert caches[i].frames == plans[i][0].token_len * 2 // 50 * 50 or caches[i].closed
+                if caches[i].closed and k + 1 < len(plans[i]) and plans[i][k + 1].streaming:
+                    dropped.add(i)
+    finally:
+        flow.ledger.limit = limit
+    assert flow.ledger.used == 0  # every segment's last chunk gave its memory back
+    assert all(c.closed for c in caches)
+    assert bool(dropped) == (budget != "ample")
+    err = {"alone": 0.0, "batched": 0.0}
+    for (tokens, speaker), a, b, plan in zip(segments, alone, batched, plans):
+        spk = reference.speaker(speaker)
+        for mel_a, mel_b, c in zip(a, b, plan):
+            end = c.token_len - len(pipeline.voices[speaker].prompt_speech_tokens)
+            want = reference.flow_mel(tokens[: end + c.context_len], spk, streaming=c.streaming, finalize=not c.streaming)
+            want = want[:, c.offset_frames:]
+            assert mel_a.shape == want.shape == mel_b.shape
+            err["alone"] = max(err["alone"], float(np.abs(mel_a - want).max()))
+            err["batched"] = max(err["batched"], float(np.abs(mel_b - want).max()))
+    for k, e in err.items():
+        report(f"flow mel streamed incrementally ({k}, cache {budget})", e)
+        assert e <= TOL
 
 
 def test_hift_whole_and_with_source_cache_alone_and_batched(pipeline, reference):

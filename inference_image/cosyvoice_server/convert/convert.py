@@ -206,6 +206,8 @@ def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = Non
 
 
 def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: str, export) -> None:
+    from . import incremental
+
     flow, hift = _modules(ck)
     llm_spec, sizes = _llm(ck, tmp, precisions)
     if int(flow.vocab_size) != sizes["speech"]:
@@ -227,9 +229,18 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
         raise ConvertError(f"{ck.path('cosyvoice2.yaml')}: estimator static_chunk_size {cfm.estimator.static_chunk_size} "
                            f"!= encoder static_chunk_size {chunk} x token_mel_ratio {ratio}")
     files = {}
-    for stem, fn in (("flow_encoder", lambda p: export.export_flow_encoder(flow, p)),
-                     ("flow.decoder.estimator", lambda p: export.export_estimator(cfm.estimator, p, flow.output_size, flow.output_size)),
-                     ("hift", lambda p: export.export_hift(hift, p, hop))):
+    stages = [("flow_encoder", lambda p: export.export_flow_encoder(flow, p)),
+              ("flow.decoder.estimator", lambda p: export.export_estimator(cfm.estimator, p, flow.output_size, flow.output_size)),
+              ("hift", lambda p: export.export_hift(hift, p, hop))]
+    # Streaming can skip what earlier chunks computed only where both the encoder and the estimator are
+    # chunk-causal; otherwise every chunk re-runs the flow over the whole prefix, as upstream does.
+    not_causal = incremental.not_chunk_causal(cfm.estimator) if chunk else "the encoder streams with full context"
+    if not_causal:
+        log.info("no incremental streaming flow: %s", not_causal)
+    else:
+        stages.append(("flow.decoder.estimator.incremental",
+                       lambda p: incremental.export_incremental_estimator(cfm.estimator, p, flow.output_size, flow.output_size)))
+    for stem, fn in stages:
         fn(tmp / f"{stem}.fp32.onnx")
         import onnx
 
@@ -260,7 +271,9 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
             "noise": "flow_noise.npy",
             "mel_bins": int(flow.output_size),
             "spk_embed_dim": int(flow.spk_embed_affine_layer.in_features),
-        },
+        } | ({} if not_causal else {"incremental": {"files": files["flow.decoder.estimator.incremental"],
+                                                    "chunk_frames": int(cfm.estimator.static_chunk_size),
+                                                    "encoder_chunk_tokens": chunk}}),
         "vocoder": {"files": files["hift"]},
         "streaming": {"first_hop_tokens": TOKEN_HOP},
         "voices": {"dir": "voices", "default": voices[0]},

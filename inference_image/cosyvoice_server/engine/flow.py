@@ -10,14 +10,71 @@ convolutions and STFT look both ways), so it batches only chunks of equal length
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..model.manifest import Flow as FlowSpec
+from ..model.manifest import IncrementalEstimator
 from .device_ops import CFMStep
 from .runtime import Runtime
+
+
+class CacheLedger:
+    """The bytes every segment's FlowCache holds, against one limit: a cache that would pass it is dropped and
+    its segment goes on re-running the flow over its prefix, with the same output."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def store(self, cache: FlowCache, past: np.ndarray, conv: np.ndarray, frames: int) -> bool:
+        """Replaces the cache's arrays (now covering `frames`), or drops the cache if the limit would pass."""
+        with self._lock:
+            if cache.closed:
+                return False
+            nbytes = past.nbytes + conv.nbytes
+            self.used -= cache.nbytes
+            if self.used + nbytes > self.limit:
+                cache.close()
+                return False
+            self.used += nbytes
+            cache.past, cache.conv, cache.frames = past, conv, frames
+            return True
+
+    def release(self, cache: FlowCache) -> None:
+        with self._lock:
+            if not cache.closed:
+                self.used -= cache.nbytes
+                cache.close()
+
+
+@dataclass
+class FlowCache:
+    """What one streamed segment's masked flow runs computed for the frames of its complete chunks, per Euler
+    step and guidance branch: each attention layer's normalised input and each causal convolution's last
+    inputs (convert/incremental.py). Those frames never change in later masked runs, so the next chunk
+    computes only the frames after them."""
+
+    ledger: CacheLedger
+    frames: int = 0
+    past: np.ndarray | None = None  # [steps, 2, layers, frames, width]
+    conv: np.ndarray | None = None  # [steps, 2, convs, channels, kernel - 1]
+    closed: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.past, self.conv) if a is not None)
+
+    def close(self) -> None:
+        self.closed, self.past, self.conv = True, None, None
+
+    def release(self) -> None:
+        """The segment ended (or its request did): the memory goes back to the ledger."""
+        self.ledger.release(self)
 
 
 @dataclass
@@ -32,6 +89,7 @@ class FlowChunk:
     offset_frames: int  # frames already returned by earlier chunks of this segment
     embedding: np.ndarray  # [192] speaker embedding
     prompt_mel: np.ndarray  # [prompt_frames, 80]
+    cache: FlowCache | None = field(default=None, repr=False)  # the segment's; a streamed chunk extends it
 
 
 def segment_token_room(max_frames: int, token_mel_ratio: int, prompt_tokens: int) -> int:
@@ -47,15 +105,32 @@ def cosine_t_span(n: int) -> np.ndarray:
 
 class FlowEngine:
     def __init__(self, rt: Runtime, encoder: Path, estimator: Path, spec: FlowSpec, token_mel_ratio: int,
-                 noise: np.ndarray) -> None:
+                 noise: np.ndarray, incremental: Path | None = None, cache_limit_bytes: int = 0) -> None:
         self.rt = rt
         self.spec = spec
         self.ratio = token_mel_ratio
         self.encoder = rt.session(encoder, "flow_encoder")
         self.estimator = rt.session(estimator, "flow_estimator")
+        self.incremental = rt.session(incremental, "flow_incremental") if incremental and spec.incremental else None
+        self.ledger = CacheLedger(cache_limit_bytes)
         self.cfm_step = CFMStep(rt)
         self.t_span = cosine_t_span(spec.n_timesteps)
         self.noise = noise  # [80, max frames]
+        if self.incremental is not None:
+            shapes = {i.name: i.shape for i in self.incremental.get_inputs()}
+            self._layers, self._width = shapes["past"][1], shapes["past"][3]
+            self._conv_shape = tuple(shapes["conv_state"][1:])
+
+    def new_cache(self) -> FlowCache | None:
+        """A streamed segment's cache, or None when the model has no incremental estimator (or no memory is
+        allowed for caches)."""
+        return FlowCache(self.ledger) if self.incremental is not None and self.ledger.limit > 0 else None
+
+    def cache_bytes_per_frame(self) -> int:
+        """Cache bytes one mel frame of a streamed segment (prompt included) holds."""
+        if self.incremental is None:
+            return 0
+        return self.spec.n_timesteps * 2 * int(self._layers) * int(self._width) * 4
 
     @property
     def max_frames(self) -> int:
@@ -64,7 +139,30 @@ class FlowEngine:
     def token_room(self, prompt_tokens: int) -> int:
         return segment_token_room(self.max_frames, self.ratio, prompt_tokens)
 
+    def _settled(self, c: FlowChunk) -> int:
+        """Frames of a masked run that no later masked run of the segment changes: those of complete chunks of
+        both the encoder (tokens) and the estimator (frames)."""
+        inc: IncrementalEstimator = self.spec.incremental  # type: ignore[assignment]
+        tokens = c.token_len // inc.encoder_chunk_tokens * inc.encoder_chunk_tokens
+        frames = c.token_len * self.ratio
+        return min(tokens * self.ratio, frames // inc.chunk_frames * inc.chunk_frames)
+
     def run(self, chunks: list[FlowChunk]) -> list[np.ndarray]:
+        mu, spks = self._encode(chunks)
+        inc = [i for i, c in enumerate(chunks)
+               if self.incremental is not None and c.streaming and c.cache is not None and not c.cache.closed]
+        full = [i for i in range(len(chunks)) if i not in inc]
+        out: list[np.ndarray | None] = [None] * len(chunks)
+        for rows, fn in ((full, self._run_full), (inc, self._run_incremental)):
+            if rows:
+                for i, mel in zip(rows, fn([chunks[i] for i in rows], mu[rows], spks[rows])):
+                    out[i] = mel
+        for c in chunks:
+            if not c.streaming and c.cache is not None:
+                c.cache.release()  # upstream's finalize: the segment's last run, without masks
+        return out  # type: ignore[return-value]
+
+    def _encode(self, chunks: list[FlowChunk]) -> tuple[np.ndarray, np.ndarray]:
         b = len(chunks)
         n = max(len(c.tokens) for c in chunks)
         tokens = np.zeros((b, n), np.int64)
@@ -79,8 +177,14 @@ class FlowEngine:
         frames = int(lens.max()) * self.ratio
         if frames > self.max_frames:
             raise ValueError(f"{frames} mel frames exceed the flow noise buffer ({self.max_frames})")
-        mu = np.ascontiguousarray(mu[:, :, :frames])
+        return mu[:, :, :frames], spks
 
+    def _run_full(self, chunks: list[FlowChunk], mu: np.ndarray, spks: np.ndarray) -> list[np.ndarray]:
+        """Every frame of every row, as upstream's flow.inference computes them."""
+        b = len(chunks)
+        frames = max(c.token_len for c in chunks) * self.ratio
+        mu = np.ascontiguousarray(mu[:, :, :frames])
+        streaming = np.array([int(c.streaming) for c in chunks], np.int64)
         mask = np.zeros((b, 1, frames), np.float32)
         cond = np.zeros((b, 80, frames), np.float32)
         x = np.zeros((b, 80, frames), np.float32)
@@ -111,6 +215,64 @@ class FlowEngine:
             x_dev, x2 = self.cfm_step(x_dev, bind.get_outputs()[0], t1 - t0, self.spec.cfg_rate)
         mel = x_dev.numpy()  # may share ONNX Runtime's buffer, which a later run reuses: the chunks are copies
         return [mel[i, :, c.prompt_frames + c.offset_frames : c.token_len * self.ratio].copy() for i, c in enumerate(chunks)]
+
+    def _run_incremental(self, chunks: list[FlowChunk], mu: np.ndarray, spks: np.ndarray) -> list[np.ndarray]:
+        """Masked runs over the frames after each segment's cache; the same mel as _run_full's."""
+        b = len(chunks)
+        start = np.array([c.cache.frames for c in chunks], np.int64)  # type: ignore[union-attr]
+        end = np.array([c.token_len * self.ratio for c in chunks], np.int64)
+        commit = np.maximum(np.array([self._settled(c) for c in chunks], np.int64) - start, 0)
+        n, p = int((end - start).max()), int(start.max())
+        mask = np.zeros((b, 1, n), np.float32)
+        cond = np.zeros((b, 80, n), np.float32)
+        x = np.zeros((b, 80, n), np.float32)
+        mu_new = np.zeros((b, 80, n), np.float32)
+        for i, c in enumerate(chunks):
+            s, e = int(start[i]), int(end[i])
+            mask[i, 0, : e - s] = 1.0
+            x[i, :, : e - s] = self.noise[:, s:e]
+            mu_new[i, :, : e - s] = mu[i, :, s:e]
+            if s < c.prompt_frames:
+                cond[i, :, : c.prompt_frames - s] = c.prompt_mel[s:].T
+        zeros = np.zeros_like
+        feed = {"mask": np.concatenate([mask, mask]), "mu": np.concatenate([mu_new, zeros(mu_new)]),
+                "spks": np.concatenate([spks, zeros(spks)]).astype(np.float32), "cond": np.concatenate([cond, zeros(cond)]),
+                "offset": np.concatenate([start, start]), "commit": np.concatenate([commit, commit])}
+        cfg = np.float32(self.spec.cfg_rate)
+        caches: list[FlowCache] = [c.cache for c in chunks]  # type: ignore[misc]
+        # Each row's cache after this run, [steps, 2, layers, frames, width]: its old frames, then the new
+        # ones of complete chunks, written step by step as the estimator returns them.
+        grown = [np.empty((self.spec.n_timesteps, 2, self._layers, int(start[i] + commit[i]), self._width), np.float32)
+                 for i in range(b)]
+        for i, cache in enumerate(caches):
+            if cache.frames:
+                grown[i][:, :, :, : cache.frames] = cache.past  # type: ignore[index]
+        convs = np.empty((self.spec.n_timesteps, 2 * b, *self._conv_shape), np.float32)
+        alone = b == 1 and caches[0].frames > 0  # its cache is the past input as it is: no copy
+        past = np.zeros((2 * b, self._layers, 0 if alone else p, self._width), np.float32)
+        conv = np.zeros((2 * b, *self._conv_shape), np.float32)
+        for k in range(self.spec.n_timesteps):
+            if alone:
+                past = caches[0].past[k]  # type: ignore[index]
+            for i, cache in enumerate(caches):
+                if cache.frames and not alone:
+                    past[i, :, : cache.frames], past[b + i, :, : cache.frames] = cache.past[k]  # type: ignore[index]
+                if cache.frames:
+                    conv[i], conv[b + i] = cache.conv[k]  # type: ignore[index]
+            t0, t1 = self.t_span[k], self.t_span[k + 1]
+            v, step_past, convs[k] = self.incremental.run(None, feed | {  # type: ignore[union-attr]
+                "x": np.concatenate([x, x]), "t": np.full(2 * b, t0, np.float32), "past": past, "conv_state": conv})
+            # The CFM step graph's arithmetic, in its order: x + ((1 + cfg) v_cond - cfg v_uncond) dt.
+            x = x + (v[:b] * (cfg + np.float32(1.0)) - v[b:] * cfg) * np.float32(t1 - t0)
+            for i in range(b):
+                f, n_new = int(start[i]), int(commit[i])
+                grown[i][k, 0, :, f:] = step_past[i, :, :n_new]
+                grown[i][k, 1, :, f:] = step_past[b + i, :, :n_new]
+        for i, cache in enumerate(caches):
+            if commit[i]:
+                cache.ledger.store(cache, grown[i], np.ascontiguousarray(convs[:, [i, b + i]]), int(start[i] + commit[i]))
+        return [x[i, :, c.prompt_frames + c.offset_frames - int(start[i]) : int(end[i] - start[i])].copy()
+                for i, c in enumerate(chunks)]
 
 
 @dataclass

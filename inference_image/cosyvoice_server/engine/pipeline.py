@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import Settings
 from ..frontend import TextFrontend
 from ..model.manifest import Manifest, ModelLoadError, Precision, stage_file, validate_model_dir
 from ..startup import Phases
@@ -132,9 +133,11 @@ def choose_precision(requested: str, device: str, m: Manifest) -> Precision:
 
 class Pipeline:
     def __init__(self, model_dir: Path, device: DeviceRequest = "auto", precision: str = "auto",
-                 options: RuntimeOptions | None = None, phases: Phases | None = None, load_threads: int = 1) -> None:
+                 options: RuntimeOptions | None = None, phases: Phases | None = None, load_threads: int = 1,
+                 flow_cache_bytes: int = Settings.model_fields["flow_cache_mib"].default * 2**20) -> None:
         """`load_threads` stages' sessions are created side by side (ONNX Runtime's graph optimisation of one
-        session runs on one core); `phases` times each session and the rest of the load."""
+        session runs on one core); `phases` times each session and the rest of the load; streamed segments'
+        flow caches hold at most `flow_cache_bytes` together."""
         t0 = time.perf_counter()
         phases = phases or Phases(emit=log.debug)
         self.model_dir = model_dir
@@ -150,7 +153,9 @@ class Pipeline:
             llm = pool.submit(LLMEngine, self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
             flow = pool.submit(FlowEngine, self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),
                                stage_file(model_dir, m.flow.estimator, p, "flow.estimator"), m.flow, m.token_mel_ratio,
-                               load_flow_noise(model_dir, m))
+                               load_flow_noise(model_dir, m),
+                               stage_file(model_dir, m.flow.incremental, p, "flow.incremental") if m.flow.incremental else None,
+                               flow_cache_bytes)
             vocoder = pool.submit(VocoderEngine, self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"),
                                   m.hop_samples)
             self.llm, self.flow, self.vocoder = llm.result(), flow.result(), vocoder.result()

@@ -79,9 +79,20 @@ class LLM(StageFiles):
     max_token_text_ratio: float = Field(20, gt=0)
 
 
+class IncrementalEstimator(StageFiles):
+    """The estimator over a streamed segment's new frames, given its earlier chunks' states
+    (convert/incremental.py); a model without it re-runs the flow over every prefix, as upstream does."""
+
+    chunk_frames: int = Field(ge=1, description="the estimator's static chunk mask, in mel frames: a frame of a "
+                              "complete chunk is final")
+    encoder_chunk_tokens: int = Field(ge=1, description="the encoder's static chunk mask, in tokens: its output for "
+                                      "a complete chunk is final")
+
+
 class Flow(_Strict):
     encoder: StageFiles
     estimator: StageFiles
+    incremental: IncrementalEstimator | None = None
     n_timesteps: int = Field(10, ge=1, le=100)
     cfg_rate: float = Field(0.7, ge=0)
     pre_lookahead_tokens: int = Field(3, ge=0)
@@ -182,6 +193,12 @@ STAGE_IO = {
         {"x": ("float", 3), "mask": ("float", 3), "mu": ("float", 3), "t": ("float", 1), "spks": ("float", 2), "cond": ("float", 3),
          "streaming": ("int64", 1)},
         {"estimator_out": ("float", 3)},
+    ),
+    "flow incremental estimator": (
+        {"x": ("float", 3), "mask": ("float", 3), "mu": ("float", 3), "t": ("float", 1), "spks": ("float", 2),
+         "cond": ("float", 3), "offset": ("int64", 1), "commit": ("int64", 1), "past": ("float", 4),
+         "conv_state": ("float", 4)},
+        {"estimator_out": ("float", 3), "new_past": ("float", 4), "new_conv_state": ("float", 4)},
     ),
     "vocoder": ({"speech_feat": ("float", 3), "noise": ("float", 3), "cache_source": ("float", 3)},
                 {"waveform": ("float", 2), "source": ("float", 3)}),
@@ -320,6 +337,9 @@ def validate_model_dir(model_dir: Path, precision: Precision = "fp32", extra_ali
     check_onnx_io(stage_file(model_dir, m.llm, precision, "llm"), "llm", llm_in, llm_out)
     check_onnx_io(stage_file(model_dir, m.flow.encoder, precision, "flow.encoder"), "flow encoder", *STAGE_IO["flow encoder"])
     check_onnx_io(stage_file(model_dir, m.flow.estimator, precision, "flow.estimator"), "flow estimator", *STAGE_IO["flow estimator"])
+    if m.flow.incremental is not None:
+        check_onnx_io(stage_file(model_dir, m.flow.incremental, precision, "flow.incremental"),
+                      "flow incremental estimator", *STAGE_IO["flow incremental estimator"])
     check_onnx_io(stage_file(model_dir, m.vocoder, precision, "vocoder"), "vocoder", *STAGE_IO["vocoder"])
     for rel, what in ((m.frontend.tokenizer, "tokenizer"), (m.llm.embeddings, "LLM embeddings"), (m.flow.noise, "flow noise")):
         if not (model_dir / rel).is_file():

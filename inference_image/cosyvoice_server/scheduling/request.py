@@ -18,6 +18,7 @@ from enum import Enum
 import numpy as np
 
 from ..engine.bistream import Item
+from ..engine.flow import FlowCache
 from ..engine.llm import Sequence
 from ..engine.pipeline import Voice
 from ..frontend import speakable
@@ -264,7 +265,9 @@ class SynthesisRequest:
     segment: int = 0
     segment_offset: int = 0  # len(tokens) when the current segment started
     hift_cache: HiftCache | None = None
+    flow_cache: FlowCache | None = None  # the streamed segment's, from its first chunk to its last
     first_audio_at: float | None = None
+    audio_seconds: float = 0.0  # audio sent so far
     segment_samples: int = 0  # audio samples sent for the current segment (the vocoder's thread)
     segment_first_audio_at: float | None = None
     # The lifecycle, moved by the scheduler under its lock.
@@ -284,10 +287,16 @@ class SynthesisRequest:
     def expired(self, now: float) -> bool:
         return self.text.expired(now, self.deadline)
 
-    def push_audio(self, audio: np.ndarray) -> None:
+    def push_audio(self, audio: np.ndarray, seconds: float) -> None:
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
+        self.audio_seconds += seconds
         self.loop.call_soon_threadsafe(self.out.put_nowait, audio)
+
+    def due(self) -> float:
+        """When its listener runs out of audio, playing from its first chunk on (monotonic s): a request with
+        no audio yet has been due since it arrived."""
+        return self.created if self.first_audio_at is None else self.first_audio_at + self.audio_seconds
 
     def push_segment_done(self, done: SegmentDone) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, done)

@@ -79,11 +79,19 @@ class SchedulerConfig:
     session_kv_limit_bytes: int = int(_default("stream_max_kv_mib") * MIB)
     http_reserved_share: float = _default("http_reserved_share")  # of the capacity, what sessions may not take
     stream_reserved_share: float = _default("stream_reserved_share")  # of the capacity, what HTTP requests may not take
+    flow_max_batch: int = _default("max_batch_size")  # chunks per flow run (resolved: never 0)
+    vocoder_max_batch: int = _default("max_batch_size")
 
     @classmethod
-    def from_settings(cls, s: Settings) -> SchedulerConfig:
+    def from_settings(cls, s: Settings, measured: dict[str, int] | None = None) -> SchedulerConfig:
+        """`measured`: the stages' paying batch sizes (engine/probe.py), for those set to 0 (measure)."""
+        measured = measured or {}
+
+        def stage(name: str) -> int:
+            return min(s.max_batch_size, getattr(s, f"{name}_max_batch") or measured.get(name, s.max_batch_size))
+
         return cls(s.max_batch_size, s.max_queue_delay_ms, s.max_queue_size, int(s.stream_max_kv_mib * MIB),
-                   s.http_reserved_share, s.stream_reserved_share)
+                   s.http_reserved_share, s.stream_reserved_share, stage("flow"), stage("vocoder"))
 
     @property
     def capacity(self) -> int:
@@ -157,6 +165,9 @@ class Scheduler:
             threading.Thread(target=self._guard, args=(self._vocoder_loop, "vocoder"), name="stage-vocoder", daemon=True),
         ]
         metrics.max_batch.set(config.max_batch_size)
+        for stage, size in (("llm", config.max_batch_size), ("flow", config.flow_max_batch),
+                            ("vocoder", config.vocoder_max_batch)):
+            metrics.stage_max_batch.labels(stage).set(size)
         metrics.capacity.set(config.capacity)
 
     # Lifecycle ------------------------------------------------------------------------------
@@ -275,6 +286,7 @@ class Scheduler:
             was = req.phase
             req.phase, req.outcome = RequestPhase.FINISHED, outcome
             req.seq = req.block = None  # a parked cache goes now
+            flow_cache, req.flow_cache = req.flow_cache, None
             del self.requests[id(req)]
             if outcome == Outcome.OK:
                 self._avg_duration = 0.8 * self._avg_duration + 0.2 * (time.monotonic() - req.created)
@@ -285,6 +297,8 @@ class Scheduler:
                 self._parked_metrics()
             self.m.inflight.set(self.inflight)
             self._lock.notify_all()
+        if flow_cache is not None:
+            flow_cache.release()
         self._flow_q.poke()
         self._voc_q.poke()
         req.push_done(Done(outcome, message))
@@ -508,7 +522,14 @@ class Scheduler:
     def _emit_flow(self, req: SynthesisRequest, segment: list[int], span: Span, final: bool,
                    usage: SegmentDone | None = None) -> None:
         """One upstream `token2wav` call: the flow over the prompt and all of the segment's tokens so far."""
+        if span.offset == 0 and not span.final:
+            req.flow_cache = self.p.flow.new_cache()
+        cache = req.flow_cache
+        if span.final:
+            req.flow_cache = None  # the final chunk's run releases it: earlier chunks may still be queued
         if span.final and span.end == span.offset:
+            if cache is not None:
+                cache.release()
             self._queue_flow(req, _FlowWork(None, True, final, usage))
             return
         v = req.voice
@@ -516,6 +537,8 @@ class Scheduler:
         ahead = segment[: span.end + context]
         room = self.p.flow.token_room(len(v.prompt_speech_tokens))
         if len(ahead) > room:  # past the flow's noise it would fail the whole flow batch it joined: it ends alone
+            if cache is not None:
+                cache.release()
             self.finish(req, Outcome.FAILED, f"the segment needs {len(ahead)} speech tokens after the voice's "
                         f"{len(v.prompt_speech_tokens)} prompt tokens, and the model's flow takes "
                         f"{max(room, 0)} (its noise buffer is {self.p.flow.max_frames} mel frames)")
@@ -530,13 +553,14 @@ class Scheduler:
             offset_frames=span.offset * self.ratio,
             embedding=v.embedding,
             prompt_mel=v.prompt_mel,
+            cache=cache,
         )
         self._queue_flow(req, _FlowWork(chunk, span.final, final, usage))
 
     def _queue_flow(self, req: SynthesisRequest, work: _FlowWork) -> None:
         with self._lock:
             req.flow_chunks += 1
-        self._flow_q.put(WorkItem(req, work))
+        self._flow_q.put(WorkItem(req, work, req.due()))
         self.m.queue_depth.labels("flow").set(len(self._flow_q))
 
     def _flow_upstream(self) -> set[int]:
@@ -560,7 +584,7 @@ class Scheduler:
 
     def _flow_loop(self) -> None:
         delay = self.cfg.max_queue_delay_ms / 1000
-        while (items := self._flow_q.take_batch(self.cfg.max_batch_size, delay, self._flow_upstream)) is not None:
+        while (items := self._flow_q.take_batch(self.cfg.flow_max_batch, delay, self._flow_upstream)) is not None:
             self.m.queue_depth.labels("flow").set(len(self._flow_q))
             live = self._live(items, "flow")
             self._running["flow"] = [i.request for i in live]
@@ -573,7 +597,7 @@ class Scheduler:
             for item in live:
                 w: _FlowWork = item.payload
                 mel = next(mels) if w.chunk is not None else np.zeros((self.p.manifest.flow.mel_bins, 0), np.float32)
-                self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final, w.usage)))
+                self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final, w.usage), item.due))
             with self._lock:
                 for item in items:
                     item.request.flow_chunks -= 1
@@ -595,7 +619,7 @@ class Scheduler:
     def _vocoder_loop(self) -> None:
         delay = self.cfg.max_queue_delay_ms / 1000
         sr = self.p.sample_rate
-        while (items := self._voc_q.take_batch(self.cfg.max_batch_size, delay, self._vocoder_upstream)) is not None:
+        while (items := self._voc_q.take_batch(self.cfg.vocoder_max_batch, delay, self._vocoder_upstream)) is not None:
             self.m.queue_depth.labels("vocoder").set(len(self._voc_q))
             live = self._live(items, "vocoder")
             self._running["vocoder"] = [i.request for i in live]
@@ -617,7 +641,7 @@ class Scheduler:
                                                  self.hop, self.window)
                 if len(audio):
                     first = req.first_audio_at is None
-                    req.push_audio(audio)
+                    req.push_audio(audio, len(audio) / sr)
                     self.m.audio_seconds.inc(len(audio) / sr)
                     if first and not req.text.streamed:  # a session's first audio waits for its client's text
                         self.m.ttfa.observe(req.first_audio_at - req.created)

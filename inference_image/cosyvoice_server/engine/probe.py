@@ -1,0 +1,57 @@
+"""Start-up measurements of how the flow and vocoder stages scale with their batch on this device.
+
+Each cost is one run of the stage on a first streamed chunk's size per row (the estimator with its guidance
+rows, the vocoder with its seam frames), the fastest of two after a warm-up run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..scheduling.batching import paying_batch
+from .pipeline import Pipeline
+
+
+def _fastest(run: Callable[[], object]) -> float:
+    run()
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def flow_cost(p: Pipeline, b: int) -> float:
+    """One estimator step over `b` first chunks (the most frequent and most urgent flow work)."""
+    m = p.manifest
+    frames = m.streaming.first_hop_tokens * m.token_mel_ratio
+    rng = np.random.default_rng(0)
+    bins = m.flow.mel_bins
+
+    def arr(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    feed = {"x": arr(2 * b, bins, frames), "mask": np.ones((2 * b, 1, frames), np.float32), "mu": arr(2 * b, bins, frames),
+            "t": np.full(2 * b, 0.5, np.float32), "spks": arr(2 * b, bins), "cond": arr(2 * b, bins, frames),
+            "streaming": np.ones(2 * b, np.int64)}
+    return _fastest(lambda: p.flow.estimator.run(None, feed))
+
+
+def vocoder_cost(p: Pipeline, b: int) -> float:
+    m = p.manifest
+    frames = m.streaming.first_hop_tokens * m.token_mel_ratio + m.streaming.mel_cache_frames
+    rng = np.random.default_rng(0)
+    feed = {"speech_feat": rng.standard_normal((b, m.flow.mel_bins, frames)).astype(np.float32),
+            "noise": rng.standard_normal((b, frames * m.hop_samples, p.vocoder.harmonics)).astype(np.float32),
+            "cache_source": np.zeros((b, 1, 0), np.float32)}
+    return _fastest(lambda: p.vocoder.session.run(None, feed))
+
+
+def measure(p: Pipeline, limit: int) -> dict[str, tuple[int, dict[int, float]]]:
+    """stage -> (its paying batch up to `limit`, seconds per batch size tried)."""
+    return {"flow": paying_batch(lambda b: flow_cost(p, b), limit),
+            "vocoder": paying_batch(lambda b: vocoder_cost(p, b), limit)}
