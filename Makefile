@@ -21,7 +21,7 @@ UPSTREAM ?= cosyvoice-minicpmo==0.1.0
 CONVERT_STAMP := $(VENV)/.installed-convert
 PRECISION ?= fp32
 
-.PHONY: demo test mutation install install-test install-convert convert system-deps tools serve doctor tiny-model bench images sync-chart clean
+.PHONY: demo test mutation install install-test install-convert convert system-deps tools serve doctor tiny-model bench bench-upstream images sync-chart clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,13 @@ bench: install-test
 	$(PIP) install -q -r requirements-bench.txt
 	bash bench/peers/setup.sh
 	$(PY) -m bench.run
+
+# The server against upstream's own PyTorch inference at CosyVoice2-0.5B's real sizes (random weights built
+# with upstream's classes), side by side in one run; BENCH_ARGS adds e.g. --variant batched='--flow-max-batch 16'.
+BENCH_ARGS ?=
+bench-upstream: install-test install-convert
+	$(PIP) install -q -r requirements-bench.txt
+	$(PY) -m bench.vs_upstream $(BENCH_ARGS)
 
 # Regenerates every derived file from its source (chart CRD copy, RBAC rules, dashboard, the server-settings
 # table the operator ships, the README and docs tables); `python -m tools.sync_chart --check` lists stale ones.

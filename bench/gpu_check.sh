@@ -29,5 +29,8 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu --junitxml
 tests_rc=$?
 timeout 330 python3 -m bench.gpu --out "$out" "${model_args[@]}" --duration 6 --batch-sizes 1,16 --ttfa-concurrency 1,4,16
 bench_rc=$?
+if [ -n "${2:-}" ] && grep -q "incremental:" "$2/model.yaml"; then  # a converted model: streamed flow, re-run vs new frames only
+  timeout 240 python3 -m bench.flow_streaming "${model_args[@]}" --device cuda --seconds 3.5 10 --rounds 1 --out "$out/flow_streaming.json"
+fi
 echo "gpu tests exit $tests_rc, benchmark exit $bench_rc"
 exit $(( tests_rc || bench_rc ))

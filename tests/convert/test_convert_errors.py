@@ -87,6 +87,9 @@ def test_converted_directory_has_every_file_and_every_speaker(converted):
     p = Pipeline(converted, "cpu", "fp32")
     assert len(p.voices["spk_b"].prompt_speech_tokens) == 17 and len(p.voices["spk_a"].prompt_speech_tokens) == 0
     assert m.streaming.first_hop_tokens == 25 and m.flow.pre_lookahead_tokens == 3
+    # upstream's current config streams chunk-causally: the new-frames-only estimator ships, in both precisions
+    assert m.flow.incremental is not None and sorted(m.flow.incremental.files) == ["fp16", "fp32"]
+    assert (m.flow.incremental.chunk_frames, m.flow.incremental.encoder_chunk_tokens) == (50, 25)
     # upstream's buffer: torch.manual_seed(0); torch.randn([1, 80, 15000])
     torch.manual_seed(0)
     np_noise = torch.randn([1, 80, 15000])[0].numpy()

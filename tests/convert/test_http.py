@@ -8,6 +8,7 @@ noise and the audio must agree sample for sample (16-bit PCM), streamed and not,
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
@@ -112,3 +113,32 @@ def test_unseeded_requests_are_as_close_to_upstream_as_upstream_is_to_itself(ser
     print(f"\nPARITY HTTP unseeded log-mel distance {dist:.3f} (upstream vs itself {self_dist:.3f})")
     assert audio.shape == a.shape
     assert dist <= 1.5 * self_dist + 1e-3
+
+
+def _metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+
+def test_streamed_segments_free_their_flow_cache_when_they_end_or_their_client_leaves(served):
+    """A long streamed request whose client leaves after its first audio, then one read to its end: the
+    flow cache memory goes back to zero either way, and the stages' measured batch limits are published."""
+    text = " ".join(WORDS * 6)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as c:
+            body = {"model": "tts-1", "input": text, "voice": "spk_b", "response_format": "pcm", "stream": True}
+            async with c.stream("POST", served.url + "/v1/audio/speech", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    break  # leave mid-stream
+            r = await c.post(served.url + "/v1/audio/speech", json=body)
+            assert r.status_code == 200 and len(r.content) > 0
+
+    asyncio.run(run())
+    deadline = time.monotonic() + 10
+    while _metric(served.metrics(), "cosyvoice_flow_cache_bytes") != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    metrics = served.metrics()
+    assert _metric(metrics, "cosyvoice_flow_cache_bytes") == 0.0
+    for stage in ("llm", "flow", "vocoder"):
+        assert _metric(metrics, f'cosyvoice_stage_max_batch_size{{stage="{stage}"}}') >= 1

@@ -1,5 +1,6 @@
-"""The stage queue's batching: one item per request per batch in arrival order, no wait when nothing
-more can come, a bounded wait while other requests are upstream."""
+"""The stage queue's batching: one item per request per batch, the most urgent first (arrival order among
+equals), no wait when nothing more can come, a bounded wait while other requests are upstream; and the batch
+limit measured by doubling."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from cosyvoice_server.scheduling.batching import StageQueue, WorkItem
+from cosyvoice_server.scheduling.batching import StageQueue, WorkItem, paying_batch
 
 
 class Req:
@@ -124,3 +125,29 @@ def test_max_batch_bounds_every_batch(max_batch: int) -> None:
     while len(q):
         sizes.append(len(q.take_batch(max_batch, 0.0, lambda: set())))
     assert max(sizes) == max_batch and sum(sizes) == 3
+
+
+def test_the_most_urgent_request_goes_first_and_a_requests_own_chunks_stay_in_order() -> None:
+    """Due = when the listener runs out of audio: a request with none yet (due since it arrived) goes before
+    requests that are already playing, whatever the queue order."""
+    playing, fresh, later = Req(), Req(), Req()
+    q = StageQueue()
+    q.put(WorkItem(playing, "playing 2nd chunk", due=105.0))
+    q.put(WorkItem(playing, "playing 3rd chunk", due=104.0))  # never before its own earlier chunk
+    q.put(WorkItem(later, "later 1st chunk", due=101.0))
+    q.put(WorkItem(fresh, "fresh 1st chunk", due=100.0))
+    assert [i.payload for i in q.take_batch(1, 0.0, lambda: set())] == ["fresh 1st chunk"]
+    assert [i.payload for i in q.take_batch(2, 0.0, lambda: set())] == ["later 1st chunk", "playing 2nd chunk"]
+    assert [i.payload for i in q.take_batch(2, 0.0, lambda: set())] == ["playing 3rd chunk"]
+
+
+@pytest.mark.parametrize(("cost", "limit", "want"), [
+    (lambda b: 1.0 * b, 16, 1),  # linear (a large model on CPU): batching buys nothing
+    (lambda b: 1.0 + 0.05 * b, 16, 16),  # fixed overhead dominates (a GPU, a tiny model): up to the limit
+    (lambda b: 1.0 if b <= 4 else 1.0 * b, 16, 4),  # pays until the device is full, then stops
+    (lambda b: 1.0, 6, 4),  # never past the limit
+])
+def test_the_batch_limit_is_the_largest_doubling_that_still_paid(cost, limit, want) -> None:
+    size, times = paying_batch(cost, limit)
+    assert size == want
+    assert times[1] == cost(1) and max(times) <= limit

@@ -1,0 +1,196 @@
+"""The server against upstream CosyVoice2's own PyTorch inference at CosyVoice2-0.5B's real sizes, in one run.
+
+    .venv/bin/python -m bench.vs_upstream [--work-dir /tmp/cosyvoice-vs-upstream] [--concurrency 1,4,8] [--rounds 1]
+    make bench-upstream
+
+It builds the real-size random-weight checkpoint with upstream's classes (convert/miniature.py --size full),
+converts it, and serves the same weights twice: `cosyvoice-server serve` (each --variant: its extra server
+flags) and upstream_server.py (upstream's inference, one model, a thread per request). Every concurrency
+level runs each system in turn, in an order that alternates per round, with the same sentences and voice:
+streamed requests in a closed loop (`--requests` per client). Reported per system and level: audio seconds per
+wall second, time to first audio p50/p95, latency p50, resident memory, and each stage's compute seconds.
+The tokens are sampled (random weights: lengths vary a little between systems); ratios are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from ..loadgen import clients, one
+from ..run import free_port
+
+# Random weights stop at the shortest length upstream allows (2 speech tokens per text token), so these
+# sentences (24-59 tokens of the miniature's tokenizer, 44 on average) give about 3.5 s of audio each.
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog, then runs to the river.",
+    "Please call me back when you get this message about the weekend.",
+    "The weather today is sunny with a light breeze from the west.",
+    "Our meeting has been moved to three o'clock on Thursday afternoon.",
+    "She sells sea shells by the sea shore, the finest shells around.",
+    "Turn left at the next corner and keep going past the bakery.",
+    "The library closes early on Sunday evenings, so return your books.",
+    "Thank you for waiting, your order is ready at the front counter.",
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def build(work: Path) -> tuple[Path, Path]:
+    """The real-size checkpoint and its conversion (kept in --work-dir between runs)."""
+    ckpt, model = work / "ckpt", work / "model"
+    py = sys.executable
+    if not (ckpt / "flow.pt").is_file():
+        subprocess.run([py, "-m", "cosyvoice_server.convert.miniature", "--out", str(ckpt), "--size", "full"], check=True)
+    if not (model / "model.yaml").is_file():
+        subprocess.run([py, "-m", "cosyvoice_server.cli", "convert", "--checkpoint", str(ckpt), "--out", str(model)],
+                       check=True)
+    return ckpt, model
+
+
+class Served:
+    def __init__(self, name: str, cmd: list[str], port: int, log: Path) -> None:
+        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def wait(self, timeout: float = 900) -> Served:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} (see its log)")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{self.name} not ready after {timeout} s")
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stage_seconds(self) -> dict[str, float]:
+        if self.name == "upstream":
+            return httpx.get(self.url + "/stats", timeout=10).json()
+        out = {}
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("cosyvoice_stage_compute_seconds_sum{"):
+                out[line.split('stage="')[1].split('"')[0]] = float(line.split()[-1])
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
+async def level(s: Served, concurrency: int, requests: int, seed: int) -> dict:
+    before = s.stage_seconds()
+    cls = clients(s.url, 1)
+    results = []
+
+    async def user(i: int) -> None:
+        for k in range(requests):
+            text = SENTENCES[(i * requests + k + seed) % len(SENTENCES)]
+            results.append(await one(cls[0], text, seed * 1000 + i * 100 + k, True))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[user(i) for i in range(concurrency)])
+    wall = time.perf_counter() - t0
+    for c in cls:
+        await c.aclose()
+    after = s.stage_seconds()
+    ok = [r for r in results if r.code == 200 and r.ttfa is not None]
+    ttfa = np.array([r.ttfa for r in ok])
+    return {"system": s.name, "concurrency": concurrency, "requests": len(results), "ok": len(ok),
+            "audio_s": round(sum(r.audio_s for r in ok), 2), "wall_s": round(wall, 2),
+            "audio_s_per_wall_s": round(sum(r.audio_s for r in ok) / wall, 4),
+            "ttfa_p50_s": round(float(np.percentile(ttfa, 50)), 2) if len(ok) else None,
+            "ttfa_p95_s": round(float(np.percentile(ttfa, 95)), 2) if len(ok) else None,
+            "latency_p50_s": round(float(np.percentile([r.latency for r in ok], 50)), 2) if ok else None,
+            "rss_mib": round(s.rss_mib()),
+            "stage_s": {k: round(after.get(k, 0) - before.get(k, 0), 1) for k in after}}
+
+
+def table(rows: list[dict], baseline: str = "upstream") -> str:
+    out = ["| system | concurrency | audio s / wall s | x upstream | TTFA p50 / p95 (s) | x upstream (p50) | "
+           "latency p50 (s) | RSS MiB | stage compute s |", "|---|---|---|---|---|---|---|---|---|"]
+    base = {r["concurrency"]: r for r in rows if r["system"] == baseline}
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["system"])):
+        b = base.get(r["concurrency"])
+        tput = f"{r['audio_s_per_wall_s'] / b['audio_s_per_wall_s']:.2f}" if b and b["audio_s_per_wall_s"] else ""
+        ttfa = f"{r['ttfa_p50_s'] / b['ttfa_p50_s']:.2f}" if b and b["ttfa_p50_s"] and r["ttfa_p50_s"] else ""
+        stages = ", ".join(f"{k} {v}" for k, v in sorted(r["stage_s"].items()))
+        out.append(f"| {r['system']} | {r['concurrency']} | {r['audio_s_per_wall_s']:.3f} | {tput} | "
+                   f"{r['ttfa_p50_s']} / {r['ttfa_p95_s']} | {ttfa} | {r['latency_p50_s']} | {r['rss_mib']} | {stages} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/cosyvoice-vs-upstream"))
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=2, help="streamed requests each client sends, one after another")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=FLAGS: a server run with these extra flags (default: one 'server' with none)")
+    ap.add_argument("--upstream-threads", type=int, default=0, help="torch threads upstream uses (0: every core)")
+    ap.add_argument("--out", type=Path, help="results JSON (default: WORK_DIR/results.json)")
+    args = ap.parse_args(argv)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    ckpt, model = build(args.work_dir)
+    variants = [v.split("=", 1) for v in args.variant] or [["server", ""]]
+    py = sys.executable
+    systems = []
+    try:
+        for name, flags in variants:
+            port = free_port()
+            systems.append(Served(name, [py, "-m", "cosyvoice_server.cli", "serve", "--model-dir", str(model), "--host",
+                                         "127.0.0.1", "--port", str(port), *shlex.split(flags)],
+                                  port, args.work_dir / f"{name}.log").wait())
+        port = free_port()
+        systems.append(Served("upstream", [py, "-m", "bench.vs_upstream.upstream_server", "--checkpoint", str(ckpt),
+                                           "--model-dir", str(model), "--port", str(port),
+                                           "--threads", str(args.upstream_threads)],
+                              port, args.work_dir / "upstream.log").wait())
+        for s in systems:  # one request each, so no system's first measured request pays lazy start-up work
+            asyncio.run(level(s, 1, 1, 0))
+        rows = []
+        for rnd in range(args.rounds):
+            for c in (int(x) for x in args.concurrency.split(",")):
+                order = systems if rnd % 2 == 0 else systems[::-1]
+                for s in order:
+                    row = asyncio.run(level(s, c, args.requests, rnd))
+                    row["round"] = rnd
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        for s in systems:
+            s.stop()
+    report = {"command": " ".join(["python -m bench.vs_upstream", *(argv if argv is not None else sys.argv[1:])]),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "rows": rows}
+    out = args.out or args.work_dir / "results.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
