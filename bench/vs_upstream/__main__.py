@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from ..loadgen import clients, one
+from ..loadgen import Result, clients, one
 from ..run import free_port
 
 # Random weights stop at the shortest length upstream allows (2 speech tokens per text token), so these
@@ -109,7 +109,11 @@ async def level(s: Served, concurrency: int, requests: int, seed: int) -> dict:
     async def user(i: int) -> None:
         for k in range(requests):
             text = SENTENCES[(i * requests + k + seed) % len(SENTENCES)]
-            results.append(await one(cls[0], text, seed * 1000 + i * 100 + k, True))
+            t0 = time.perf_counter()
+            try:
+                results.append(await one(cls[0], text, seed * 1000 + i * 100 + k, True))
+            except httpx.HTTPError:  # a stream cut short counts as a failed request
+                results.append(Result(0, time.perf_counter() - t0, None, 0.0, t0))
 
     t0 = time.perf_counter()
     await asyncio.gather(*[user(i) for i in range(concurrency)])
@@ -162,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, flags in variants:
             port = free_port()
+            # A saturated CPU takes minutes per request at this size: no deadline cuts a measured stream.
             systems.append(Served(name, [py, "-m", "cosyvoice_server.cli", "serve", "--model-dir", str(model), "--host",
-                                         "127.0.0.1", "--port", str(port), *shlex.split(flags)],
+                                         "127.0.0.1", "--port", str(port), "--request-timeout-s", "1800",
+                                         *shlex.split(flags)],
                                   port, args.work_dir / f"{name}.log").wait())
         port = free_port()
         systems.append(Served("upstream", [py, "-m", "bench.vs_upstream.upstream_server", "--checkpoint", str(ckpt),

@@ -119,7 +119,7 @@ class ServerState:
         self.model_lock = hold_in_use(s.model_dir)
 
         opts = RuntimeOptions(device_id=s.device_id, gpu_mem_limit_bytes=s.gpu_mem_limit_bytes,
-                              intra_op_threads=s.intra_op_threads)
+                              intra_op_threads=s.intra_op_threads, flow_threads=s.flow_threads)
         self.pipeline = Pipeline(s.model_dir, s.device, s.precision, opts, self.phases, s.session_load_threads,
                                  s.flow_cache_mib * 2**20)
         self.metrics.model_info.labels(self.model_id, s.model_version or self.model_id).set(1)

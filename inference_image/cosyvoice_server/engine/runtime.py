@@ -36,6 +36,7 @@ class RuntimeOptions:
     arena_extend_strategy: str = "kSameAsRequested"  # a MIG slice has no room for power-of-two growth
     cudnn_conv_algo_search: str = "HEURISTIC"  # EXHAUSTIVE re-benchmarks every new chunk length
     intra_op_threads: int = 1
+    flow_threads: int = 0  # the flow's sessions (the stage that dominates at real size); 0: intra_op_threads
 
 
 def cuda_missing_reason() -> str | None:
@@ -105,12 +106,18 @@ class Runtime:
     def session(self, path: Path | bytes, stage: str | None = None) -> ort.InferenceSession:
         """A session on the device; a named `stage`'s creation is timed as the start-up phase session_<stage>."""
         with self.phases(f"session_{stage}") if stage and self.phases else nullcontext():
-            return self._session(path)
+            return self._session(path, stage or "")
 
-    def _session(self, path: Path | bytes) -> ort.InferenceSession:
+    def _session(self, path: Path | bytes, stage: str = "") -> ort.InferenceSession:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = self.options.intra_op_threads
+        threads = self.options.intra_op_threads
+        if stage.startswith("flow") and self.options.flow_threads:
+            threads = self.options.flow_threads
+        so.intra_op_num_threads = threads
+        if threads != 1:
+            # Idle pool threads would spin on the cores the other stages' threads need.
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         model = str(path) if isinstance(path, Path) else path
