@@ -149,7 +149,7 @@ class ServerState:
         s = self.settings
         if s.flow_max_batch and s.vocoder_max_batch:
             return {}
-        from .engine import probe
+        from .scheduling import probe
 
         with self.phases("batch_probe"):
             found = probe.measure(self.pipeline, s.max_batch_size)

@@ -84,7 +84,7 @@ class SchedulerConfig:
 
     @classmethod
     def from_settings(cls, s: Settings, measured: dict[str, int] | None = None) -> SchedulerConfig:
-        """`measured`: the stages' paying batch sizes (engine/probe.py), for those set to 0 (measure)."""
+        """`measured`: the stages' paying batch sizes (scheduling/probe.py), for those set to 0 (measure)."""
         measured = measured or {}
 
         def stage(name: str) -> int:

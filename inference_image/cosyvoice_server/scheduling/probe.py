@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..scheduling.batching import paying_batch
-from .pipeline import Pipeline
+from ..engine.pipeline import Pipeline
+from .batching import paying_batch
 
 
 def _timed(run: Callable[[], object]) -> float:
