@@ -116,8 +116,10 @@ class Settings(BaseModel):
                               "takes about 120 MB of memory")
     intra_op_threads: int = Field(1, ge=0, description="CPU threads per ONNX Runtime session (0 = all cores; the three stages already run in parallel)")
     flow_threads: int = Field(0, ge=0, le=1024, description="CPU threads of the flow stage's sessions, the stage "
-                              "that dominates at CosyVoice2-0.5B's size (0: --intra-op-threads); sessions with more "
-                              "than one thread do not spin while idle, so the other stages keep their cores")
+                              "that dominates at CosyVoice2-0.5B's size (0: on the CPU, every core the container may "
+                              "use: its cgroup CPU limit rounded up, at most its affinity mask; on CUDA, "
+                              "--intra-op-threads); sessions with more than one thread do not spin while idle, so "
+                              "the other stages keep their cores")
     session_load_threads: int = Field(1, ge=1, le=3, description="threads that create the stages' ONNX Runtime "
                                       "sessions at start-up: 1, one after another; up to 3, LLM, flow and vocoder side "
                                       "by side (on 2 shared cores that did not shorten the start: docs/benchmarks.md)")

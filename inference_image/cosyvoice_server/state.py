@@ -38,6 +38,9 @@ WARMUP_TEXT = "Warm-up."
 WARMUP_MAX_TOKENS = 4
 
 STORE_IO_THREADS = 2  # voice-store reads are small files; two keep a listing from waiting behind a lookup
+# WebSocket text deltas are tokenized on these (up to a message's worth each, bounded by streamtext.RUN_CHARS
+# held back); the tokenizer leaves the interpreter lock often enough that the loop keeps its turns.
+STREAM_TEXT_THREADS = 2
 
 
 class InstructionError(ValueError):
@@ -88,6 +91,7 @@ class ServerState:
     phases: Phases = field(init=False)  # the start's phases, logged and in cosyvoice_startup_phase_seconds
     model_lock: int | None = None  # a shared flock on a fetched model: the node cache does not evict it while held
     store_io: ThreadPoolExecutor = field(init=False)  # reads and deletes of the voice store (disk or shared volume)
+    stream_text: ThreadPoolExecutor = field(init=False)  # WebSocket sessions' text deltas
 
     def __post_init__(self) -> None:
         self.phases = Phases(lambda phase, seconds: self.metrics.startup_phase.labels(phase).set(seconds))
@@ -96,9 +100,10 @@ class ServerState:
         self.registrations = ThreadPoolExecutor(self.settings.voice_registration_concurrency,
                                                 thread_name_prefix="voice-registration")
         self.store_io = ThreadPoolExecutor(STORE_IO_THREADS, thread_name_prefix="voice-store")
+        self.stream_text = ThreadPoolExecutor(STREAM_TEXT_THREADS, thread_name_prefix="stream-text")
 
     def close_executors(self) -> None:
-        for executor in (self.encoders, self.registrations, self.store_io):
+        for executor in (self.encoders, self.registrations, self.store_io, self.stream_text):
             executor.shutdown(wait=False, cancel_futures=True)
 
     async def on_store(self, fn, *args):

@@ -14,7 +14,10 @@ own normalizer (NFC for Qwen2) applied to the held-back text as a whole. Like up
 sentences, which would delay the first audio until a sentence ends.
 
 A run of letters without spaces or punctuation (Chinese, Japanese) is one pre-tokenizer piece, so it is
-committed when punctuation or a space follows it, or at a flush.
+committed when punctuation or a space follows it, or at a flush. A piece longer than `RUN_CHARS` is committed
+in runs of that many characters from its start as it grows (and cut the same way when it arrives whole), so
+the text held back, the work per delta and the wait for a long unpunctuated run's first audio stay bounded
+whatever a client sends; only such runs' tokens differ from the whole text's, at each run's end.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 
 from .frontend import _EN_STOPS, _SPACE, _ZH_STOPS, clean  # the whole-text path's cleaning and sentence ends
+
+
+# Longer than any word a dictionary lists; an unpunctuated CJK run this long is several seconds of speech.
+RUN_CHARS = 64
+DELTA_SLICE = 2048  # characters tokenized per call: a few milliseconds
 
 
 class StreamTokenizer:
@@ -46,6 +54,25 @@ class StreamTokenizer:
     def _encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids if text else []
 
+    def _pieces(self, text: str) -> list[tuple[int, int]]:
+        """The pre-tokenizer's pieces of `text` as (start, end), outside added tokens (matched first, as the
+        tokenizer does)."""
+        enc = self.tok.encode(text, add_special_tokens=False)
+        spans, pos = [], 0
+        bounds = [(a, b) for tid, (a, b) in zip(enc.ids, enc.offsets) if tid in self._added_ids]
+        for a, b in [*bounds, (len(text), len(text))]:
+            if a > pos:
+                part = text[pos:a]
+                found = self.tok.pre_tokenizer.pre_tokenize_str(part) if self.tok.pre_tokenizer else [(part, (0, len(part)))]
+                spans += [(pos + x, pos + y) for _, (x, y) in found]
+            pos = max(pos, b)
+        return spans
+
+    def _run_cuts(self, text: str) -> list[int]:
+        """Where pieces longer than RUN_CHARS are cut: every RUN_CHARS characters from the piece's start, so
+        that 1..RUN_CHARS characters are left (a growing piece only adds cuts)."""
+        return [c for a, b in self._pieces(text) for c in range(a + RUN_CHARS, b, RUN_CHARS)]
+
     def _cut(self, text: str) -> int:
         """The longest prefix of `text` whose tokens no continuation can change."""
         enc = self.tok.encode(text, add_special_tokens=False)
@@ -65,16 +92,23 @@ class StreamTokenizer:
         return cut
 
     def push(self, delta: str) -> list[int]:
-        """Adds a text delta; returns the text tokens it commits (often none while a word is typed)."""
+        """Adds a text delta; returns the text tokens it commits (often none while a word is typed). A long
+        delta goes in slices (the same tokens, whatever the split) so that no call into the tokenizer holds
+        the interpreter for long: the event loop gets its turns while a 64 KiB message is tokenized."""
+        return [t for i in range(0, max(len(delta), 1), DELTA_SLICE) for t in self._push(delta[i:i + DELTA_SLICE])]
+
+    def _push(self, delta: str) -> list[int]:
         text = _SPACE.sub(" ", self._held + clean(delta))
         if self._fresh:
             text = text.lstrip()
         text = self._normalize(text)
-        cut = self._cut(text)
+        runs = self._run_cuts(text)
+        cut = max(self._cut(text), runs[-1] if runs else 0)
         self._held = text[cut:]
         if cut:
             self._fresh = False
-        return self._encode(text[:cut])
+        bounds = [0, *(c for c in runs if c < cut), cut]
+        return [t for a, b in zip(bounds, bounds[1:]) for t in self._encode(text[a:b])]
 
     def sentence_break(self, before: list[int], nxt: int) -> bool:
         """A sentence ends between `before` and `nxt`: sentence punctuation (quotes and brackets may close

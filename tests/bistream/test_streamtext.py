@@ -150,3 +150,29 @@ def test_text_without_a_sentence_end_is_cut_at_the_segment_cap_whatever_the_spli
     assert sum((t for t, _ in want), []) == tokenizer.encode(normalize(text), add_special_tokens=False).ids
     for parts in splits(text, np.random.default_rng(3), 5):
         assert segments(parts) == want
+
+
+LONG_RUNS = [
+    "a" * 1000,
+    "今天天气很好我们一起去公园散步吧" * 20 + "。然后回家",
+    "Supercalifragilisticexpialidocious" * 6 + " and then a normal sentence.",
+    "[breath]" + "b" * 200 + "[laughter]" + "c" * 130,
+]
+
+
+@pytest.mark.parametrize("text", LONG_RUNS)
+def test_an_unbroken_run_is_committed_in_bounded_runs_whatever_the_split(tokenizer, text):
+    from cosyvoice_server.streamtext import RUN_CHARS
+
+    want = stream(tokenizer, [text])
+    assert tokenizer.decode(want[0], skip_special_tokens=False) == normalize(text)  # nothing lost or added at the run cuts
+    longest_added = max((len(t.content) for t in tokenizer.get_added_tokens_decoder().values()), default=0)
+    st, first_at = StreamTokenizer(tokenizer), None
+    for i, ch in enumerate(text):
+        if st.push(ch) and first_at is None:
+            first_at = i
+        # what is held back (and re-tokenized by every delta) stays bounded, however long the run
+        assert len(st.held) <= RUN_CHARS + longest_added
+    assert first_at is not None and first_at <= RUN_CHARS + longest_added  # the first words go out before the run ends
+    for parts in splits(text, np.random.default_rng(len(text)), 20):
+        assert stream(tokenizer, parts) == want, parts

@@ -144,6 +144,37 @@ def test_long_inputs_stall_neither_probes_nor_other_requests(short_audio_server)
         assert len(latencies) >= 3
 
 
+def test_a_speech_sessions_large_messages_do_not_stall_the_server(short_audio_server):
+    """A WebSocket session sends the largest messages it may, back to back (punctuation runs: tokenized,
+    nothing to say). Their text is tokenized off the event loop, in slices: probes answer at once. On the
+    loop, each probe waited for the rest of the message being tokenized, half a message's time on average."""
+    messages, delta = 16, "，" * 20_000  # 60 KB of JSON each, under --max-body-bytes
+
+    async def run():
+        latencies = []
+        async with websockets.connect(short_audio_server.url.replace("http", "ws") + "/v1/audio/speech/stream",
+                                      max_size=None) as ws, httpx.AsyncClient(base_url=short_audio_server.url) as c:
+            await ws.send(json.dumps({"type": "session.update", "session": {"response_format": "pcm"}}))
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            t0 = time.perf_counter()
+            for _ in range(messages):
+                await ws.send(json.dumps({"type": "input_text.append", "text": delta}, ensure_ascii=False))
+            await ws.send(json.dumps({"type": "input_text.end"}))
+            done = asyncio.ensure_future(ws.recv())
+            while not done.done():
+                t = time.perf_counter()
+                assert (await c.get("/healthz")).status_code == 200
+                latencies.append(time.perf_counter() - t)
+                await asyncio.sleep(0.005)
+            assert json.loads(done.result())["type"] == "speech.audio.done"
+            return time.perf_counter() - t0, latencies
+
+    took, latencies = asyncio.run(run())
+    per_message = took / messages
+    assert len(latencies) >= 10, (took, latencies)
+    assert float(np.median(latencies)) < 0.2 * per_message, (per_message, sorted(latencies))
+
+
 def test_a_client_that_hangs_up_while_its_text_is_normalized_leaves_no_request(server_process, tmp_path):
     # One slot (batch 1, no queue); room for the long input's audio, so it is accepted once normalized.
     s = server_process(tmp_path, "--max-queue-size", "0", "--max-batch-size", "1",

@@ -300,9 +300,9 @@ class _Session:
             event = await self._next_event(min(wait, IDLE_POLL_S) if wait is not None else IDLE_POLL_S)
             if event is not None:
                 self.rules.check(event)
-                self._feed(event)
+                await self._feed(event)
 
-    def _feed(self, event: p.ClientEvent) -> None:
+    async def _feed(self, event: p.ClientEvent) -> None:
         """Passes the event to the text feed. Only what moves the session on (text with something to say, a
         flush that ends a segment, the end) restarts the idle clock: a client that keeps sending empty or
         blank appends, or flushes of nothing, holds its slot as surely as a silent one."""
@@ -314,7 +314,8 @@ class _Session:
                 self.first_text_at = time.monotonic()
             self.total_chars += len(event.text)
             self.m.stream_characters.inc(len(event.text))
-            feed.push(event.text)
+            # tokenized off the loop: a message may hold 64 KiB of text (a tenth of a second or more)
+            await asyncio.get_running_loop().run_in_executor(self.s.stream_text, feed.push, event.text)
             if speakable(event.text):
                 self.last_activity = time.monotonic()
             return
