@@ -104,7 +104,8 @@ class Settings(BaseModel):
                                 "the segment's earlier chunks left (about 1.1 MiB per frame of prompt and segment at "
                                 "CosyVoice2-0.5B's size, i.e. 55 MiB per second, freed when the segment "
                                 "ends); a segment that finds no room re-runs the flow over its prefix, with the same "
-                                "audio; 0 turns the cache off")
+                                "audio; up to a quarter of it keeps voices' prompt states, so a voice's later "
+                                "segments start after its prompt; 0 turns the cache off")
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")

@@ -48,8 +48,11 @@ class Metrics:
         self.stage_max_batch = Gauge("cosyvoice_stage_max_batch_size", "Most items one run of a stage takes: "
                                      "--flow-max-batch/--vocoder-max-batch, or measured at start-up where 0.",
                                      ["stage"], registry=r)
-        self.flow_cache_bytes = Gauge("cosyvoice_flow_cache_bytes", "Memory streamed segments' flow caches hold "
-                                      "(at most --flow-cache-mib).", registry=r)
+        self.flow_cache_bytes = Gauge("cosyvoice_flow_cache_bytes", "Memory streamed segments' flow caches hold, "
+                                      "voices' prompt states included (at most --flow-cache-mib).", registry=r)
+        self.flow_prompt_cache_bytes = Gauge("cosyvoice_flow_prompt_cache_bytes", "Of cosyvoice_flow_cache_bytes, "
+                                             "what voices' prompt states hold (at most a quarter of "
+                                             "--flow-cache-mib).", registry=r)
         self.startup_phase = Gauge(
             "cosyvoice_startup_phase_seconds", "How long each phase of this process's start took (session_<stage>: "
             "one ONNX Runtime session; sessions: all of them, wall time; voices, text_workers, voice_workers, "

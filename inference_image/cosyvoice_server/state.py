@@ -147,6 +147,7 @@ class ServerState:
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig.from_settings(s, self._measured_batches()),
                                    self.metrics)
         self.metrics.flow_cache_bytes.set_function(lambda: self.pipeline.flow.ledger.used)
+        self.metrics.flow_prompt_cache_bytes.set_function(lambda: self.pipeline.flow.prompt_cache_bytes)
         self.scheduler.start()
 
     def _measured_batches(self) -> dict[str, int]:

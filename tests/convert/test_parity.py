@@ -192,6 +192,50 @@ def test_streamed_segments_computed_incrementally_match_upstream_every_chunk(pip
         assert e <= TOL
 
 
+def test_a_voices_prompt_states_are_computed_once_and_every_later_chunk_is_upstreams(pipeline, reference, monkeypatch):
+    """A voice with a 3 s-like prompt: its first streamed segment keeps the prompt's settled states, and the
+    voice's later segments (two at once) start their first chunk after them. Every chunk's mel is still
+    upstream's for that call."""
+    from dataclasses import replace
+
+    import torch
+
+    flow = pipeline.flow
+    rng = np.random.default_rng(11)
+    n = 60  # (60 - 3 look-ahead) // 25 = 2 encoder chunks = 100 frames that no segment changes
+    tokens, mel, emb = rng.integers(0, 6561, n), rng.standard_normal((2 * n, 80)).astype(np.float32) * 0.5, \
+        rng.standard_normal(192).astype(np.float32)
+    monkeypatch.setitem(pipeline.voices, "long", replace(pipeline.voices["spk_b"], prompt_speech_tokens=tokens,
+                                                         prompt_mel=mel, embedding=emb))
+    spk = {"embedding": torch.from_numpy(emb)[None], "prompt_token": torch.from_numpy(tokens.astype(np.int32))[None],
+           "prompt_feat": torch.from_numpy(mel)[None]}
+    assert flow.prompt_frames(n) == 100
+    offsets = []  # the first frame each masked run computes
+    real = flow.incremental
+    monkeypatch.setattr(flow, "incremental", type("Spy", (), {"run": lambda self, out, feed: (
+        offsets.append(int(feed["offset"][0])), real.run(out, feed))[1]})())
+    segments = [rng.integers(0, 6561, k).tolist() for k in (140, 77, 100)]
+    plans = [_segment_chunks(pipeline, t, "long", flow.new_cache()) for t in segments]
+    got: list[list[np.ndarray]] = [[flow.run([c])[0] for c in plans[0]], [], []]
+    assert flow.prompt_cache_bytes >= 100 * flow.cache_bytes_per_frame()  # the prompt's frames (and conv inputs)
+    offsets.clear()
+    for k in range(max(len(plans[1]), len(plans[2]))):
+        rows = [i for i in (1, 2) if k < len(plans[i])]
+        for i, m in zip(rows, flow.run([plans[i][k] for i in rows])):
+            got[i].append(m)
+    assert offsets[0] == 100  # the later segments' first chunks began after the voice's prompt states
+    assert flow.ledger.used == flow.prompt_cache_bytes > 0  # the segments gave theirs back; the voice's stays
+    err = 0.0
+    for t, chunks, mels in zip(segments, plans, got):
+        for c, m in zip(chunks, mels):
+            end = c.token_len - n
+            want = reference.flow_mel(t[: end + c.context_len], spk, streaming=c.streaming, finalize=not c.streaming)
+            assert m.shape == want[:, c.offset_frames:].shape
+            err = max(err, float(np.abs(m - want[:, c.offset_frames:]).max()))
+    report("flow mel streamed from a voice's kept prompt states", err)
+    assert err <= TOL
+
+
 def test_hift_whole_and_with_source_cache_alone_and_batched(pipeline, reference):
     rng = np.random.default_rng(3)
     h = pipeline.vocoder.harmonics

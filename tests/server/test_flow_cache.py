@@ -18,14 +18,14 @@ def test_caches_grow_within_the_limit_and_give_their_bytes_back() -> None:
     a, b = FlowCache(ledger), FlowCache(ledger)
     assert ledger.store(a, past, conv, 50) and a.frames == 50
     assert ledger.store(b, past, conv, 50)
-    assert ledger.used == a.nbytes + b.nbytes == 2 * (past.nbytes + conv.nbytes)
+    assert ledger.used == a.counted + b.counted == 2 * (past.nbytes + conv.nbytes)
     grown = _arrays(100)
     assert ledger.store(a, *grown, 100)  # a grows in place of its old arrays, not beside them
-    assert ledger.used == a.nbytes + b.nbytes
+    assert ledger.used == a.counted + b.counted
     a.release()
-    assert a.closed and a.past is None and ledger.used == b.nbytes
+    assert a.closed and a.past is None and ledger.used == b.counted
     a.release()  # twice (its last chunk and its request's end): counted once
-    assert ledger.used == b.nbytes
+    assert ledger.used == b.counted
     b.release()
     assert ledger.used == 0
 
@@ -36,7 +36,7 @@ def test_a_cache_past_the_limit_is_dropped_and_stays_dropped() -> None:
     a, b = FlowCache(ledger), FlowCache(ledger)
     assert ledger.store(a, past, conv, 50)
     assert not ledger.store(b, past, conv, 50)  # no room: b's segment re-runs its prefix from now on
-    assert b.closed and b.frames == 0 and ledger.used == a.nbytes
+    assert b.closed and b.frames == 0 and ledger.used == a.counted
     assert not ledger.store(a, *_arrays(100), 100)  # growing past the limit drops a too, and frees it
     assert a.closed and ledger.used == 0
     assert not ledger.store(a, past, conv, 50)  # a dropped cache takes nothing more

@@ -9,8 +9,10 @@ convolutions and STFT look both ways), so it batches only chunks of equal length
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,18 +39,20 @@ class CacheLedger:
             if cache.closed:
                 return False
             nbytes = past.nbytes + conv.nbytes
-            self.used -= cache.nbytes
+            self.used -= cache.counted
+            cache.counted = 0
             if self.used + nbytes > self.limit:
                 cache.close()
                 return False
             self.used += nbytes
-            cache.past, cache.conv, cache.frames = past, conv, frames
+            cache.past, cache.conv, cache.frames, cache.counted = past, conv, frames, nbytes
             return True
 
     def release(self, cache: FlowCache) -> None:
         with self._lock:
             if not cache.closed:
-                self.used -= cache.nbytes
+                self.used -= cache.counted
+                cache.counted = 0
                 cache.close()
 
 
@@ -64,10 +68,7 @@ class FlowCache:
     past: np.ndarray | None = None  # [steps, 2, layers, frames, width]
     conv: np.ndarray | None = None  # [steps, 2, convs, channels, kernel - 1]
     closed: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.past, self.conv) if a is not None)
+    counted: int = 0  # bytes of its own arrays in the ledger (a voice's prompt states it starts from are shared)
 
     def close(self) -> None:
         self.closed, self.past, self.conv = True, None, None
@@ -113,6 +114,8 @@ class FlowEngine:
         self.estimator = rt.session(estimator, "flow_estimator")
         self.incremental = rt.session(incremental, "flow_incremental") if incremental and spec.incremental else None
         self.ledger = CacheLedger(cache_limit_bytes)
+        # Voices' prompt states, least recently used first; touched only by the flow stage's thread.
+        self._prompts: OrderedDict[bytes, FlowCache] = OrderedDict()
         self.cfm_step = CFMStep(rt)
         self.t_span = cosine_t_span(spec.n_timesteps)
         self.noise = noise  # [80, max frames]
@@ -147,10 +150,63 @@ class FlowEngine:
         frames = c.token_len * self.ratio
         return min(tokens * self.ratio, frames // inc.chunk_frames * inc.chunk_frames)
 
+    def prompt_frames(self, prompt_tokens: int) -> int:
+        """Frames of a voice's prompt that every streamed segment's masked runs compute alike: those of complete
+        encoder chunks whose look-ahead tokens are the prompt's own, in complete estimator chunks (they depend
+        on the prompt's tokens and mel, the speaker embedding and the fixed noise only)."""
+        inc = self.spec.incremental
+        if inc is None:
+            return 0
+        tokens = max(prompt_tokens - self.spec.pre_lookahead_tokens, 0) // inc.encoder_chunk_tokens * inc.encoder_chunk_tokens
+        return tokens * self.ratio // inc.chunk_frames * inc.chunk_frames
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return sum(p.counted for p in list(self._prompts.values()))
+
+    def _prompt_states(self, c: FlowChunk) -> FlowCache | None:
+        """The voice's prompt states, computed by its first streamed segment and kept for the next ones (at
+        most a quarter of the cache memory, least recently used voices dropped first)."""
+        prompt_tokens = c.prompt_frames // self.ratio
+        frames = self.prompt_frames(prompt_tokens)
+        need = frames * self.cache_bytes_per_frame()
+        if not frames or need > self.ledger.limit // 4:
+            return None
+        key = hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes() for a in (
+            c.tokens[:prompt_tokens], c.embedding.astype(np.float32), c.prompt_mel.astype(np.float32)))).digest()
+        if (hit := self._prompts.get(key)) is not None and not hit.closed:
+            self._prompts.move_to_end(key)
+            return hit
+        if self.ledger.used + need > self.ledger.limit:
+            return None  # no room now: the segment computes the prompt's frames itself, as without states
+        states = FlowCache(self.ledger)
+        prompt = FlowChunk(tokens=c.tokens[:prompt_tokens], token_len=prompt_tokens, context_len=0, streaming=True,
+                           prompt_frames=c.prompt_frames, offset_frames=0, embedding=c.embedding,
+                           prompt_mel=c.prompt_mel, cache=states)
+        self._run_incremental([prompt], *self._encode([prompt]), settled=[frames])
+        if states.closed:
+            return None
+        self._prompts[key] = states
+        while self.prompt_cache_bytes > self.ledger.limit // 4:
+            self._prompts.popitem(last=False)[1].release()
+        return states if not states.closed else None
+
+    def _seed(self, c: FlowChunk) -> None:
+        """A segment's first streamed chunk starts from its voice's prompt states: it computes only the frames
+        after them. The arrays are shared; the segment's first store replaces them with its own."""
+        cache = c.cache
+        if cache is None or cache.frames or cache.closed:
+            return
+        states = self._prompt_states(c)
+        if states is not None:
+            cache.past, cache.conv, cache.frames = states.past, states.conv, states.frames
+
     def run(self, chunks: list[FlowChunk]) -> list[np.ndarray]:
-        mu, spks = self._encode(chunks)
         inc = [i for i, c in enumerate(chunks)
                if self.incremental is not None and c.streaming and c.cache is not None and not c.cache.closed]
+        for i in inc:
+            self._seed(chunks[i])
+        mu, spks = self._encode(chunks)
         full = [i for i in range(len(chunks)) if i not in inc]
         out: list[np.ndarray | None] = [None] * len(chunks)
         for rows, fn in ((full, self._run_full), (inc, self._run_incremental)):
@@ -216,12 +272,15 @@ class FlowEngine:
         mel = x_dev.numpy()  # may share ONNX Runtime's buffer, which a later run reuses: the chunks are copies
         return [mel[i, :, c.prompt_frames + c.offset_frames : c.token_len * self.ratio].copy() for i, c in enumerate(chunks)]
 
-    def _run_incremental(self, chunks: list[FlowChunk], mu: np.ndarray, spks: np.ndarray) -> list[np.ndarray]:
-        """Masked runs over the frames after each segment's cache; the same mel as _run_full's."""
+    def _run_incremental(self, chunks: list[FlowChunk], mu: np.ndarray, spks: np.ndarray,
+                         settled: list[int] | None = None) -> list[np.ndarray]:
+        """Masked runs over the frames after each segment's cache; the same mel as _run_full's. The caches grow
+        to `settled` frames (default: every frame no later masked run changes)."""
         b = len(chunks)
         start = np.array([c.cache.frames for c in chunks], np.int64)  # type: ignore[union-attr]
         end = np.array([c.token_len * self.ratio for c in chunks], np.int64)
-        commit = np.maximum(np.array([self._settled(c) for c in chunks], np.int64) - start, 0)
+        settled = settled if settled is not None else [self._settled(c) for c in chunks]
+        commit = np.maximum(np.array(settled, np.int64) - start, 0)
         n, p = int((end - start).max()), int(start.max())
         mask = np.zeros((b, 1, n), np.float32)
         cond = np.zeros((b, 80, n), np.float32)
