@@ -32,19 +32,20 @@ def in_window(r: Result, start: float, stop: float) -> bool:
     return start <= r.start + r.latency <= stop
 
 
-def body(text: str, seed: int, stream: bool, fmt: str = "pcm") -> dict:
-    return {"model": "tts-1", "input": text, "response_format": fmt, "stream": stream, "seed": seed}
+def body(text: str, seed: int, stream: bool, fmt: str = "pcm", voice: str | None = None) -> dict:
+    return {"model": "tts-1", "input": text, "response_format": fmt, "stream": stream, "seed": seed,
+            **({"voice": voice} if voice else {})}
 
 
-async def one(client: httpx.AsyncClient, text: str, seed: int, stream: bool) -> Result:
+async def one(client: httpx.AsyncClient, text: str, seed: int, stream: bool, voice: str | None = None) -> Result:
     t0 = time.perf_counter()
     if not stream:
-        r = await client.post("/v1/audio/speech", json=body(text, seed, False))
+        r = await client.post("/v1/audio/speech", json=body(text, seed, False, voice=voice))
         dt = time.perf_counter() - t0
         ttfa = float(r.headers["x-time-to-first-audio-ms"]) / 1000 if r.status_code == 200 else None
         return Result(r.status_code, dt, ttfa, len(r.content) / 48000 if r.status_code == 200 else 0.0, t0)
     ttfa, n = None, 0
-    async with client.stream("POST", "/v1/audio/speech", json=body(text, seed, True)) as r:
+    async with client.stream("POST", "/v1/audio/speech", json=body(text, seed, True, voice=voice)) as r:
         async for part in r.aiter_raw():
             if ttfa is None and part:
                 ttfa = time.perf_counter() - t0

@@ -7,7 +7,8 @@ It builds the real-size random-weight checkpoint with upstream's classes (conver
 converts it, and serves the same weights twice: `cosyvoice-server serve` (each --variant: its extra server
 flags) and upstream_server.py (upstream's inference, one model, a thread per request). Every concurrency
 level runs each system in turn, in an order that alternates per round, with the same sentences and voice:
-streamed requests in a closed loop (`--requests` per client). Reported per system and level: audio seconds per
+streamed requests in a closed loop (`--requests` per client), with the model's default voice or, with
+`--prompt-seconds`, a zero-shot voice with that much prompt speech (CosyVoice2's usual mode; added to both). Reported per system and level: audio seconds per
 wall second, time to first audio p50/p95, latency p50, resident memory, and each stage's compute seconds.
 The tokens are sampled (random weights: lengths vary a little between systems); ratios are what to compare.
 """
@@ -58,6 +59,32 @@ def build(work: Path) -> tuple[Path, Path]:
     return ckpt, model
 
 
+def add_prompt_voice(ckpt: Path, model: Path, name: str, seconds: float) -> None:
+    """A zero-shot voice with `seconds` of prompt speech (random tokens and mel: costs depend on lengths only),
+    the same in upstream's spk2info.pt and the converted model's voices/, as `add_zero_shot_spk` saves one."""
+    import torch
+
+    voices = model / "voices" / f"{name}.npz"
+    info = torch.load(ckpt / "spk2info.pt", weights_only=True)
+    if name in info and voices.is_file():
+        return
+    rng = np.random.default_rng(len(name))
+    n = int(seconds * 25)  # speech tokens per second
+    tokens = rng.integers(0, 6561, n).astype(np.int64)
+    text = rng.integers(0, 200, 12).astype(np.int64)
+    mel = (rng.standard_normal((2 * n, 80)) * 0.5).astype(np.float32)
+    emb = rng.standard_normal(192).astype(np.float32)
+    t = lambda a: torch.from_numpy(a.astype(np.int32))[None]  # noqa: E731
+    info[name] = {"prompt_text": t(text), "prompt_text_len": torch.tensor([len(text)], dtype=torch.int32),
+                  "llm_prompt_speech_token": t(tokens), "llm_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
+                  "flow_prompt_speech_token": t(tokens), "flow_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
+                  "prompt_speech_feat": torch.from_numpy(mel)[None],
+                  "prompt_speech_feat_len": torch.tensor([2 * n], dtype=torch.int32),
+                  "llm_embedding": torch.from_numpy(emb)[None], "flow_embedding": torch.from_numpy(emb)[None]}
+    torch.save(info, ckpt / "spk2info.pt")
+    np.savez(voices, embedding=emb, prompt_mel=mel, prompt_speech_tokens=tokens, prompt_text_tokens=text)
+
+
 class Served:
     def __init__(self, name: str, cmd: list[str], port: int, log: Path) -> None:
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
@@ -101,7 +128,7 @@ class Served:
         self._log.close()
 
 
-async def level(s: Served, concurrency: int, requests: int, seed: int) -> dict:
+async def level(s: Served, concurrency: int, requests: int, seed: int, voice: str | None = None) -> dict:
     before = s.stage_seconds()
     cls = clients(s.url, 1)
     results = []
@@ -111,7 +138,7 @@ async def level(s: Served, concurrency: int, requests: int, seed: int) -> dict:
             text = SENTENCES[(i * requests + k + seed) % len(SENTENCES)]
             t0 = time.perf_counter()
             try:
-                results.append(await one(cls[0], text, seed * 1000 + i * 100 + k, True))
+                results.append(await one(cls[0], text, seed * 1000 + i * 100 + k, True, voice))
             except httpx.HTTPError:  # a stream cut short counts as a failed request
                 results.append(Result(0, time.perf_counter() - t0, None, 0.0, t0))
 
@@ -155,11 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=FLAGS: a server run with these extra flags (default: one 'server' with none)")
+    ap.add_argument("--prompt-seconds", type=float, default=0,
+                    help="speak with a zero-shot voice with this much prompt speech (0: the model's default voice, "
+                         "an SFT speaker without prompt speech)")
     ap.add_argument("--upstream-threads", type=int, default=0, help="torch threads upstream uses (0: every core)")
     ap.add_argument("--out", type=Path, help="results JSON (default: WORK_DIR/results.json)")
     args = ap.parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     ckpt, model = build(args.work_dir)
+    voice = None
+    if args.prompt_seconds:
+        voice = f"prompt{args.prompt_seconds:g}s"
+        add_prompt_voice(ckpt, model, voice, args.prompt_seconds)
     variants = [v.split("=", 1) for v in args.variant] or [["server", ""]]
     py = sys.executable
     systems = []
@@ -177,13 +211,13 @@ def main(argv: list[str] | None = None) -> int:
                                            "--threads", str(args.upstream_threads)],
                               port, args.work_dir / "upstream.log").wait())
         for s in systems:  # one request each, so no system's first measured request pays lazy start-up work
-            asyncio.run(level(s, 1, 1, 0))
+            asyncio.run(level(s, 1, 1, 0, voice))  # (nor the voice's first use: the server keeps its prompt states)
         rows = []
         for rnd in range(args.rounds):
             for c in (int(x) for x in args.concurrency.split(",")):
                 order = systems if rnd % 2 == 0 else systems[::-1]
                 for s in order:
-                    row = asyncio.run(level(s, c, args.requests, rnd))
+                    row = asyncio.run(level(s, c, args.requests, rnd, voice))
                     row["round"] = rnd
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -82,7 +82,7 @@ class Upstream:
     def speaker(self, name: str) -> dict:
         s = self.spk2info[name]
         empty_tok, empty_feat = torch.zeros(1, 0, dtype=torch.int32), torch.zeros(1, 0, 80)
-        return {"embedding": s.get("flow_embedding", s["embedding"]), "prompt_text": s.get("prompt_text", empty_tok),
+        return {"embedding": s["flow_embedding"] if "flow_embedding" in s else s["embedding"], "prompt_text": s.get("prompt_text", empty_tok),
                 "prompt_token": s.get("flow_prompt_speech_token", empty_tok),
                 "llm_prompt_token": s.get("llm_prompt_speech_token", empty_tok),
                 "prompt_feat": s.get("prompt_speech_feat", empty_feat)}

@@ -5,6 +5,7 @@ the operator applies exactly what this module returns.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,19 @@ def gpu_memory_limit_bytes(spec: CosyVoiceServiceSpec) -> int | None:
     return None  # a whole GPU of unknown size: let the server use what it finds
 
 
+def flow_threads(spec: CosyVoiceServiceSpec) -> int | None:
+    """A CPU replica's flow threads: its CPU limit, else its request, rounded up. Without a limit the container
+    sees every core of the node (and would size its flow by them); the request is the share the scheduler
+    reserved for it. None on a GPU (the server's own default) or when spec.env sets the variable itself."""
+    if spec.gpu is not None or any(e.name == setting_env("flow_threads") for e in spec.env):
+        return None
+    resources = container_resources(spec)
+    cpu = resources.get("limits", {}).get("cpu") or resources.get("requests", {}).get("cpu")
+    if cpu is None:
+        return None
+    return max(1, math.ceil(quantity.parse(cpu)))
+
+
 def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
     """The server's configuration, then ``spec.env`` (which may not name these: spec.EnvVar checks it)."""
     batching, shutdown = spec.batching, spec.shutdown
@@ -152,6 +166,9 @@ def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
     }
     if spec.storage is not None:
         settings["model_dir"] = MODEL_MOUNT
+    threads = flow_threads(spec)
+    if threads is not None:
+        settings["flow_threads"] = threads
     mem = gpu_memory_limit_bytes(spec)
     if mem:
         settings["gpu_mem_limit_bytes"] = mem

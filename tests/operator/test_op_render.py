@@ -161,6 +161,18 @@ def test_gpu_memory_cap_leaves_headroom_on_a_mig_slice() -> None:
     assert env({"gpu": {"migStrategy": "none", "memoryLimitBytes": 123}})["COSYVOICE_GPU_MEM_LIMIT_BYTES"] == "123"
 
 
+def test_a_cpu_replicas_flow_threads_follow_its_cpu_limit_else_its_request() -> None:
+    """Without a CPU limit the container sees every core of the node: the flow's threads follow what the pod
+    was given, never the node's count."""
+    assert env({})["COSYVOICE_FLOW_THREADS"] == "1"  # the default request, 1 CPU
+    assert env({"resources": {"requests": {"cpu": "2500m"}}})["COSYVOICE_FLOW_THREADS"] == "3"
+    assert env({"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}})["COSYVOICE_FLOW_THREADS"] == "4"
+    assert "COSYVOICE_FLOW_THREADS" not in env({"resources": {"requests": {"memory": "4Gi"}}})
+    assert "COSYVOICE_FLOW_THREADS" not in env({"gpu": {"migProfile": "1g.10gb"}})
+    own = env({"resources": {"requests": {"cpu": "2"}}, "env": [{"name": "COSYVOICE_FLOW_THREADS", "value": "6"}]})
+    assert own["COSYVOICE_FLOW_THREADS"] == "6"
+
+
 # --- model source ---------------------------------------------------------------------------------
 
 def test_storage_uri_is_fetched_by_an_init_container_into_a_size_limited_volume() -> None:
@@ -207,7 +219,7 @@ def test_server_configuration_is_passed_as_environment() -> None:
         "COSYVOICE_PRECISION": "fp16", "COSYVOICE_SERVED_MODEL_NAME": "cv2", "COSYVOICE_MODEL_VERSION": "cv2-fp16",
         "COSYVOICE_MAX_BATCH_SIZE": "16",
         "COSYVOICE_MAX_QUEUE_DELAY_MS": "3", "COSYVOICE_MAX_QUEUE_SIZE": "64", "COSYVOICE_REQUEST_TIMEOUT_S": "30",
-        "COSYVOICE_DRAIN_TIMEOUT_S": "20"}
+        "COSYVOICE_DRAIN_TIMEOUT_S": "20", "COSYVOICE_FLOW_THREADS": "1"}
     c = server({})
     assert c["command"] == ["cosyvoice-server", "serve"]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]

@@ -132,13 +132,35 @@ def test_the_most_urgent_request_goes_first_and_a_requests_own_chunks_stay_in_or
     requests that are already playing, whatever the queue order."""
     playing, fresh, later = Req(), Req(), Req()
     q = StageQueue()
-    q.put(WorkItem(playing, "playing 2nd chunk", due=105.0))
-    q.put(WorkItem(playing, "playing 3rd chunk", due=104.0))  # never before its own earlier chunk
-    q.put(WorkItem(later, "later 1st chunk", due=101.0))
-    q.put(WorkItem(fresh, "fresh 1st chunk", due=100.0))
+    q.put(WorkItem(playing, "playing 2nd chunk", due=lambda: 105.0))
+    q.put(WorkItem(playing, "playing 3rd chunk", due=lambda: 104.0))  # never before its own earlier chunk
+    q.put(WorkItem(later, "later 1st chunk", due=lambda: 101.0))
+    q.put(WorkItem(fresh, "fresh 1st chunk", due=lambda: 100.0))
     assert [i.payload for i in q.take_batch(1, 0.0, lambda: set())] == ["fresh 1st chunk"]
     assert [i.payload for i in q.take_batch(2, 0.0, lambda: set())] == ["later 1st chunk", "playing 2nd chunk"]
     assert [i.payload for i in q.take_batch(2, 0.0, lambda: set())] == ["playing 3rd chunk"]
+
+
+def test_a_requests_later_chunks_lose_their_urgency_once_its_first_is_out() -> None:
+    """Chunks queued before a request's first mel came out were due since it arrived; when it comes out, the
+    listener has audio to play, and another request's first chunk goes before them."""
+    class Playing(Req):
+        def __init__(self, created: float) -> None:
+            super().__init__()
+            self.created, self.first_mel_at, self.mel_seconds = created, None, 0.0
+
+        def due(self) -> float:
+            return self.created if self.first_mel_at is None else self.first_mel_at + self.mel_seconds
+
+    a, b = Playing(100.0), Playing(101.0)
+    q = StageQueue()
+    q.put(WorkItem(a, "a 1st chunk", a.due))
+    q.put(WorkItem(a, "a last chunk", a.due))  # LLM done before a's first chunk was through the flow
+    q.put(WorkItem(b, "b 1st chunk", b.due))
+    assert [i.payload for i in q.take_batch(1, 0.0, lambda: set())] == ["a 1st chunk"]
+    a.first_mel_at, a.mel_seconds = 110.0, 2.0  # its first chunk is out: 2 s to play from 110
+    assert [i.payload for i in q.take_batch(1, 0.0, lambda: set())] == ["b 1st chunk"]
+    assert [i.payload for i in q.take_batch(1, 0.0, lambda: set())] == ["a last chunk"]
 
 
 @pytest.mark.parametrize(("cost", "limit", "want"), [

@@ -44,11 +44,17 @@ def paying_batch(cost: Callable[[int], float], limit: int, gain: float = BATCH_G
     return b, times
 
 
+def _now_due() -> float:
+    return 0.0
+
+
 @dataclass
 class WorkItem:
     request: Any
     payload: Any
-    due: float = 0.0  # when its request's listener runs out of audio (monotonic s); earlier goes first
+    # When its request's listener runs out of audio (monotonic s), asked when a batch is picked: it moves
+    # as the request's earlier chunks come out. Earlier goes first.
+    due: Callable[[], float] = _now_due
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -58,7 +64,7 @@ def pick(items: Iterable[WorkItem], max_batch: int) -> list[WorkItem]:
     heads: dict[int, WorkItem] = {}
     for item in items:
         heads.setdefault(id(item.request), item)
-    return sorted(heads.values(), key=lambda i: (i.due, i.enqueued))[:max_batch]
+    return sorted(heads.values(), key=lambda i: (i.due(), i.enqueued))[:max_batch]
 
 
 class StageQueue:

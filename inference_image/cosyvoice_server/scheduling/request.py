@@ -267,7 +267,8 @@ class SynthesisRequest:
     hift_cache: HiftCache | None = None
     flow_cache: FlowCache | None = None  # the streamed segment's, from its first chunk to its last
     first_audio_at: float | None = None
-    audio_seconds: float = 0.0  # audio sent so far
+    first_mel_at: float | None = None  # when the flow returned its first mel (the flow's thread)
+    mel_seconds: float = 0.0  # audio the mel returned so far makes
     segment_samples: int = 0  # audio samples sent for the current segment (the vocoder's thread)
     segment_first_audio_at: float | None = None
     # The lifecycle, moved by the scheduler under its lock.
@@ -287,16 +288,22 @@ class SynthesisRequest:
     def expired(self, now: float) -> bool:
         return self.text.expired(now, self.deadline)
 
-    def push_audio(self, audio: np.ndarray, seconds: float) -> None:
+    def push_audio(self, audio: np.ndarray) -> None:
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
-        self.audio_seconds += seconds
         self.loop.call_soon_threadsafe(self.out.put_nowait, audio)
 
+    def push_mel(self, seconds: float) -> None:
+        if self.first_mel_at is None:
+            self.first_mel_at = time.monotonic()
+        self.mel_seconds += seconds
+
     def due(self) -> float:
-        """When its listener runs out of audio, playing from its first chunk on (monotonic s): a request with
-        no audio yet has been due since it arrived."""
-        return self.created if self.first_audio_at is None else self.first_audio_at + self.audio_seconds
+        """When its listener runs out of audio (monotonic s), playing from the flow's first mel on (the vocoder
+        follows within a chunk's time): a request the flow has returned nothing for has been due since it
+        arrived. Read when a batch is picked, so a request's later chunks, queued before its first was out,
+        stop going before other requests' first chunks as soon as it is."""
+        return self.created if self.first_mel_at is None else self.first_mel_at + self.mel_seconds
 
     def push_segment_done(self, done: SegmentDone) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, done)

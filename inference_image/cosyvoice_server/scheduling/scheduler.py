@@ -432,7 +432,7 @@ class Scheduler:
                 self._look_again = plan.look_again  # look again once the batch has room
                 joining, drained, over = self._apply_admission(plan)
             for req in drained:
-                self._flow_q.put(WorkItem(req, _FlowWork(None, True, True)))
+                self._flow_q.put(WorkItem(req, _FlowWork(None, True, True), req.due))
             for req in over:
                 self.finish(req, Outcome.LIMIT, self._limit_message())
             if not joining and batch is None:
@@ -560,7 +560,7 @@ class Scheduler:
     def _queue_flow(self, req: SynthesisRequest, work: _FlowWork) -> None:
         with self._lock:
             req.flow_chunks += 1
-        self._flow_q.put(WorkItem(req, work, req.due()))
+        self._flow_q.put(WorkItem(req, work, req.due))
         self.m.queue_depth.labels("flow").set(len(self._flow_q))
 
     def _flow_upstream(self) -> set[int]:
@@ -597,6 +597,7 @@ class Scheduler:
             for item in live:
                 w: _FlowWork = item.payload
                 mel = next(mels) if w.chunk is not None else np.zeros((self.p.manifest.flow.mel_bins, 0), np.float32)
+                item.request.push_mel(mel.shape[1] * self.hop / self.p.sample_rate)
                 self._voc_q.put(WorkItem(item.request, _VocoderWork(mel, w.segment_final, w.final, w.usage), item.due))
             with self._lock:
                 for item in items:
@@ -641,7 +642,7 @@ class Scheduler:
                                                  self.hop, self.window)
                 if len(audio):
                     first = req.first_audio_at is None
-                    req.push_audio(audio, len(audio) / sr)
+                    req.push_audio(audio)
                     self.m.audio_seconds.inc(len(audio) / sr)
                     if first and not req.text.streamed:  # a session's first audio waits for its client's text
                         self.m.ttfa.observe(req.first_audio_at - req.created)
