@@ -142,6 +142,8 @@ async def sweep(args: argparse.Namespace) -> dict:
                     try:
                         url = peer.start(kind, args.max_batch_size, args.max_queue_delay_ms, model_dir)
                         row[kind] = summarize(await closed_loop_peer(kind, url, c, args.duration, args.text), args.duration)
+                        if "rps" not in row[kind]:  # no request succeeded: a broken peer, not a slow one
+                            raise PeerUnavailable(f"every request failed: {row.pop(kind)['codes']} (see its log)")
                     except PeerUnavailable as exc:
                         out["peers"]["unavailable"][kind] = str(exc)
                     finally:

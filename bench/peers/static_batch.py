@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cosyvoice_server.engine.flow import FlowChunk
+from cosyvoice_server.engine.flow import FlowChunk, VocoderInput
 from cosyvoice_server.engine.pipeline import Pipeline
 
 
@@ -28,16 +28,15 @@ def synthesize_batch(p: Pipeline, requests: list[tuple[str, int]]) -> list[np.nd
                 p.llm.step(batch)
         for q in seqs:
             tokens[q.owner].extend(q.tokens)
-    ratio = p.manifest.token_mel_ratio
-    chunks = []
-    for i, toks in enumerate(tokens):
-        all_tokens = np.concatenate([voice.prompt_speech_tokens, np.asarray(toks, np.int64)])
-        chunks.append(FlowChunk(all_tokens, len(voice.prompt_speech_tokens) * ratio, len(toks) * ratio, voice.embedding,
-                                voice.prompt_mel, rngs[i].standard_normal((80, len(all_tokens) * ratio)).astype(np.float32)))
+    # Each request's tokens in one unmasked flow run, as upstream's non-streamed `token2wav` (finalize).
+    prompt, ratio = voice.prompt_speech_tokens, p.manifest.token_mel_ratio
     live = [i for i, t in enumerate(tokens) if t]
-    mels = p.flow.run([chunks[i] for i in live]) if live else []
-    wavs = p.vocoder.run(mels) if mels else []
+    chunks = [FlowChunk(np.concatenate([prompt, np.asarray(tokens[i], np.int64)]), len(prompt) + len(tokens[i]), 0,
+                        False, len(prompt) * ratio, 0, voice.embedding, voice.prompt_mel) for i in live]
+    mels = p.flow.run(chunks) if chunks else []
+    items = [VocoderInput(m, rngs[i].standard_normal((m.shape[1] * p.vocoder.hop, p.vocoder.harmonics), np.float32),
+                          np.zeros(0, np.float32)) for i, m in zip(live, mels)]
     out = [np.zeros(0, np.float32) for _ in requests]
-    for i, w in zip(live, wavs):
-        out[i] = w
+    for i, (wav, _) in zip(live, p.vocoder.run(items) if items else []):
+        out[i] = wav
     return out
