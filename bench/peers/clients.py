@@ -8,11 +8,13 @@ so the client costs about what it costs against our server.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
 
 import httpx
+import numpy as np
 
 from ..loadgen import Result, clients, drive
 
@@ -46,6 +48,18 @@ def _triton_header(r: httpx.Response) -> tuple[dict, int]:
 def _triton_length(header: dict) -> int:
     out = {o["name"]: o for o in header["outputs"]}
     return int(out["length"]["data"][0])
+
+
+async def fetch_audio(kind: str, client: httpx.AsyncClient, text: str, seed: int) -> np.ndarray:
+    """A peer's whole response as int16 samples (raises on an error status)."""
+    if kind == "litserve":
+        r = await client.post("/predict", json=litserve_body(text, seed))
+        r.raise_for_status()
+        return np.frombuffer(base64.b64decode(r.json()["audio"]), np.int16)
+    r = await client.post(f"/v2/models/{TRITON_MODEL}/infer", json=triton_body(text, seed))
+    r.raise_for_status()
+    header, n = _triton_header(r)  # the audio tensor follows the JSON header, padded to its batch's longest
+    return np.frombuffer(r.content[n:], np.int16)[: _triton_length(header)]
 
 
 async def one_litserve(client: httpx.AsyncClient, text: str, seed: int) -> Result:
