@@ -64,6 +64,8 @@ def add_prompt_voice(ckpt: Path, model: Path, name: str, seconds: float) -> None
     the same in upstream's spk2info.pt and the converted model's voices/, as `add_zero_shot_spk` saves one."""
     import torch
 
+    from cosyvoice_server.engine.pipeline import Voice, save_voice
+
     voices = model / "voices" / f"{name}.npz"
     info = torch.load(ckpt / "spk2info.pt", weights_only=True)
     if name in info and voices.is_file():
@@ -82,7 +84,7 @@ def add_prompt_voice(ckpt: Path, model: Path, name: str, seconds: float) -> None
                   "prompt_speech_feat_len": torch.tensor([2 * n], dtype=torch.int32),
                   "llm_embedding": torch.from_numpy(emb)[None], "flow_embedding": torch.from_numpy(emb)[None]}
     torch.save(info, ckpt / "spk2info.pt")
-    np.savez(voices, embedding=emb, prompt_mel=mel, prompt_speech_tokens=tokens, prompt_text_tokens=text)
+    save_voice(voices, Voice(name, emb, text, tokens, mel))
 
 
 class Served:

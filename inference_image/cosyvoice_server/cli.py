@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The server's own matrix products are small (a clip's filterbanks): a second OpenBLAS thread made them
-    # 12 % faster for 75 % more CPU (it spins), taken from the flow's cores. Set before numpy loads; the text
+    # 13 % faster for 73 % more CPU (bench/blas_threads.py) (it spins), taken from the flow's cores. Set before numpy loads; the text
     # and voice worker processes inherit it.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")

@@ -54,13 +54,15 @@ class StreamTokenizer:
     def _encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids if text else []
 
-    def _pieces(self, text: str) -> list[tuple[int, int]]:
-        """The pre-tokenizer's pieces of `text` as (start, end), outside added tokens (matched first, as the
-        tokenizer does)."""
+    def _added_spans(self, text: str) -> list[tuple[int, int]]:
+        """Where the tokenizer's added tokens are in `text` (it matches them before pre-tokenizing)."""
         enc = self.tok.encode(text, add_special_tokens=False)
+        return [(a, b) for tid, (a, b) in zip(enc.ids, enc.offsets) if tid in self._added_ids]
+
+    def _pieces(self, text: str, added: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The pre-tokenizer's pieces of `text` as (start, end), between its added tokens."""
         spans, pos = [], 0
-        bounds = [(a, b) for tid, (a, b) in zip(enc.ids, enc.offsets) if tid in self._added_ids]
-        for a, b in [*bounds, (len(text), len(text))]:
+        for a, b in [*added, (len(text), len(text))]:
             if a > pos:
                 part = text[pos:a]
                 found = self.tok.pre_tokenizer.pre_tokenize_str(part) if self.tok.pre_tokenizer else [(part, (0, len(part)))]
@@ -68,22 +70,15 @@ class StreamTokenizer:
             pos = max(pos, b)
         return spans
 
-    def _run_cuts(self, text: str) -> list[int]:
-        """Where pieces longer than RUN_CHARS are cut: every RUN_CHARS characters from the piece's start, so
-        that 1..RUN_CHARS characters are left (a growing piece only adds cuts)."""
-        return [c for a, b in self._pieces(text) for c in range(a + RUN_CHARS, b, RUN_CHARS)]
-
-    def _cut(self, text: str) -> int:
+    def _cut(self, text: str, added: list[tuple[int, int]], pieces: list[tuple[int, int]]) -> int:
         """The longest prefix of `text` whose tokens no continuation can change."""
-        enc = self.tok.encode(text, add_special_tokens=False)
-        tail_start = 0  # text after the last added token: the part the pre-tokenizer splits on its own
-        for tid, (a, b) in zip(enc.ids, enc.offsets):
-            if tid in self._added_ids:
-                tail_start = b
-                cut = a  # an added token at the very end is held too (a longer one may start the same way)
-        if tail_start == 0 or tail_start < len(text):
-            pieces = self.tok.pre_tokenizer.pre_tokenize_str(text[tail_start:]) if self.tok.pre_tokenizer else []
-            cut = tail_start + pieces[-1][1][0] if pieces else len(text)
+        tail_start = added[-1][1] if added else 0  # text after the last added token is pre-tokenized on its own
+        if added and tail_start == len(text):
+            cut = added[-1][0]  # an added token at the very end is held too (a longer one may start the same way)
+        elif self.tok.pre_tokenizer is None:
+            cut = len(text)
+        else:  # the start of the last piece: a word being typed may still grow
+            cut = max((a for a, _ in pieces if a >= tail_start), default=len(text))
         # Never commit the start of what may become an added token: "[bre" could still be "[breath]".
         for i in range(max(tail_start, len(text) - max((len(a) for a in self._added), default=0)), len(text)):
             rest = text[i:]
@@ -102,8 +97,12 @@ class StreamTokenizer:
         if self._fresh:
             text = text.lstrip()
         text = self._normalize(text)
-        runs = self._run_cuts(text)
-        cut = max(self._cut(text), runs[-1] if runs else 0)
+        added = self._added_spans(text)
+        pieces = self._pieces(text, added)
+        # A piece longer than RUN_CHARS is cut every RUN_CHARS characters from its start, leaving 1..RUN_CHARS
+        # (a growing piece only adds cuts).
+        runs = [c for a, b in pieces for c in range(a + RUN_CHARS, b, RUN_CHARS)]
+        cut = max(self._cut(text, added, pieces), runs[-1] if runs else 0)
         self._held = text[cut:]
         if cut:
             self._fresh = False

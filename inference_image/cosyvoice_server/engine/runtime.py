@@ -70,8 +70,8 @@ class Runtime:
 
     def _flow_threads(self) -> int:
         """On the CPU the flow is the stage that runs longest (98 % of a real-size replica's samples at 8
-        streams): by default its sessions get every core the container may use (measured on 2 cores: 1.8 x
-        upstream's throughput against 1.3 x with one thread). Their idle threads do not spin, so the LLM and
+        streams): by default its sessions get every core the container may use (measured on 2 cores: 1.87 x
+        upstream's throughput against 1.35 x with one thread). Their idle threads do not spin, so the LLM and
         vocoder still get the cores while the flow waits. On CUDA the threads only feed the device."""
         if self.options.flow_threads:
             return self.options.flow_threads

@@ -44,7 +44,7 @@ def paying_batch(cost: Callable[[int], float], limit: int, gain: float = BATCH_G
     return b, times
 
 
-def _now_due() -> float:
+def _always_due() -> float:
     return 0.0
 
 
@@ -54,7 +54,7 @@ class WorkItem:
     payload: Any
     # When its request's listener runs out of audio (monotonic s), asked when a batch is picked: it moves
     # as the request's earlier chunks come out. Earlier goes first.
-    due: Callable[[], float] = _now_due
+    due: Callable[[], float] = _always_due
     enqueued: float = field(default_factory=time.monotonic)
 
 
