@@ -145,8 +145,10 @@ def _inflect_engine():
 
 class TextFrontend:
     def __init__(self, tokenizer_path: Path, max_tokens_per_segment: int, min_tokens_per_segment: int = 60,
-                 merge_tokens: int = 20, text_frontend: bool = True, hard_max_tokens: int = 400) -> None:
+                 merge_tokens: int = 20, text_frontend: bool = True, hard_max_tokens: int = 400,
+                 system_prompt: str | None = None) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.system_prompt = system_prompt
         self.max_tokens = max_tokens_per_segment
         self.min_tokens = min_tokens_per_segment
         self.merge_tokens = merge_tokens
@@ -158,7 +160,7 @@ class TextFrontend:
     def of_model(cls, model_dir: Path, spec) -> TextFrontend:
         """The frontend a model directory's manifest (`spec`: its `frontend` section) describes."""
         return cls(model_dir / spec.tokenizer, spec.max_text_tokens_per_segment, spec.min_text_tokens_per_segment,
-                   spec.merge_text_tokens, spec.text_frontend)
+                   spec.merge_text_tokens, spec.text_frontend, system_prompt=spec.system_prompt)
 
     @cached_property
     def _normalizers(self):
@@ -173,7 +175,7 @@ class TextFrontend:
     def normalized(self, text: str) -> str:
         """The text normalized as one piece, before the split: upstream's `text_normalize(split=False)`."""
         text = normalize(text)
-        if not text or not self.text_frontend:
+        if not text or not self.text_frontend or ("<|" in text and "|>" in text):  # upstream skips prompt markup
             return text
         with self._lock:  # the request path and voice registration threads share the normalizers
             zh_tn, en_tn, to_words = self._normalizers
@@ -199,8 +201,15 @@ class TextFrontend:
         return [t for t in texts if not only_punctuation(t)]
 
     def prompt_tokens(self, transcript: str) -> list[int]:
-        """A zero-shot prompt's transcript as the LLM's prompt text (upstream's inference_zero_shot)."""
-        return self.encode(self.normalized(transcript))
+        """A zero-shot prompt's transcript as the LLM's prompt text (upstream's inference_zero_shot); after the
+        model's system prompt where it has one (that text then carries <|endofprompt|>, so upstream leaves the
+        transcript unnormalized)."""
+        if self.system_prompt is None:
+            return self.encode(self.normalized(transcript))
+        transcript = normalize(transcript)
+        if END_OF_PROMPT not in transcript:
+            transcript = self.system_prompt + END_OF_PROMPT + transcript
+        return self.encode(transcript)
 
     @property
     def takes_instructions(self) -> bool:
@@ -215,8 +224,12 @@ class TextFrontend:
 
     def instruction_tokens(self, instruction: str) -> list[int]:
         """Upstream's instruct2 prompt text: the instruction as written (not normalized, as upstream) ending
-        in the end-of-prompt token."""
+        in the end-of-prompt token, after the model's system prompt where it has one (CosyVoice3's
+        `You are a helpful assistant. <instruction><|endofprompt|>`); an instruction that already starts with it
+        is taken as written."""
         text = normalize(instruction)
+        if self.system_prompt is not None and not text.startswith(self.system_prompt):
+            text = f"{self.system_prompt} {text}"
         return self.encode(text if text.endswith(END_OF_PROMPT) else text + END_OF_PROMPT)
 
     def segments(self, text: str) -> list[np.ndarray]:

@@ -249,7 +249,7 @@ class ServerState:
         if instructions and instructions.strip():
             v = instruct(v, instructions, p.frontend)  # as upstream's inference_instruct2 with a text generator
         # a segment is cut where the whole-text path cuts one, or sooner if its speech would not fit the flow
-        room = p.flow.token_room(len(v.prompt_speech_tokens))
+        room = p.token_room(len(v.prompt_speech_tokens))
         cap = max(1, min(p.frontend.hard_max, text_room(room, len(v.prompt_text_tokens))))
         return SynthesisRequest(
             voice=v,

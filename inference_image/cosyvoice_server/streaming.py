@@ -9,9 +9,13 @@ earlier tokens depends on later ones only through the lookahead), and the segmen
 final chunk over all its tokens with streaming masks off. Upstream keeps the hop on the shared model,
 so later requests start with long hops (its issue #1798); here the hop belongs to the request.
 
-Seams: the vocoder re-runs the last `mel_cache` frames of the previous chunk, with the previous
-chunk's source signal for them; the audio of those frames is cross-faded with the previous chunk's
-held-back tail by a Hamming window and the new tail is held back until the next chunk.
+Seams, as the model's manifest says (`streaming.seams`):
+- crossfade (CosyVoice2Model.token2wav): the vocoder re-runs the last `mel_cache` frames of the previous
+  chunk, with the previous chunk's source signal for them; the audio of those frames is cross-faded with the
+  previous chunk's held-back tail by a Hamming window and the new tail is held back until the next chunk.
+- causal (CosyVoice3Model.token2wav): the vocoder is causal but for a look-right; each chunk vocodes the
+  segment's mel so far and sends the audio past what was sent, less the last `look_right` frames' worth
+  (their samples still depend on frames to come), which the next chunk sends.
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def drop_silence(tokens: list[int], run: int, silent: frozenset[int], max_run: int) -> tuple[list[int], int]:
+    """Upstream CosyVoice3Model.llm_job: a silent token past `max_run` in a row stays out of the flow's tokens
+    (the LLM still had it). `run`: the silent tokens in a row before `tokens`; returns the kept ones and the
+    new run."""
+    kept = []
+    for t in tokens:
+        run = run + 1 if t in silent else 0
+        if run <= max_run:
+            kept.append(t)
+    return kept, run
 
 
 @dataclass(frozen=True)
@@ -104,3 +120,59 @@ def seam(speech: np.ndarray, source: np.ndarray, vocoded_mel: np.ndarray, cache:
         return speech, None
     keep = mel_cache * hop
     return speech[:-keep], HiftCache(vocoded_mel[:, -mel_cache:], source[-keep:], speech[-keep:])
+
+
+@dataclass
+class VocodedSoFar:
+    """A streamed segment's mel so far and the samples of its audio already sent (causal seams)."""
+
+    mel: np.ndarray  # [80, frames]
+    sent: int
+
+
+SeamState = HiftCache | VocodedSoFar | None
+
+
+@dataclass(frozen=True)
+class CrossfadeSeams:
+    mel_cache: int
+    hop: int
+
+    @property
+    def window(self) -> np.ndarray:
+        return np.hamming(2 * self.mel_cache * self.hop)  # upstream's speech_window
+
+    def mel(self, state: SeamState, mel: np.ndarray, final: bool, speed: float) -> tuple[np.ndarray, np.ndarray | None]:
+        """The mel to vocode for a chunk and the source signal its head takes over (cached frames first;
+        `speed` stretches whole segments only)."""
+        if isinstance(state, HiftCache):
+            return np.concatenate([state.mel, mel], axis=1), state.source
+        return (interpolate_mel(mel, speed) if final else mel), np.zeros(0, np.float32)
+
+    def audio(self, state: SeamState, wav: np.ndarray, source: np.ndarray | None, vocoded: np.ndarray,
+              final: bool) -> tuple[np.ndarray, SeamState]:
+        return seam(wav, source, vocoded, state if isinstance(state, HiftCache) else None, final, self.mel_cache,
+                    self.hop, self.window)
+
+
+@dataclass(frozen=True)
+class CausalSeams:
+    look_right: int
+    hop: int
+
+    def mel(self, state: SeamState, mel: np.ndarray, final: bool, speed: float) -> tuple[np.ndarray, None]:
+        if isinstance(state, VocodedSoFar):
+            return np.concatenate([state.mel, mel], axis=1), None
+        return (interpolate_mel(mel, speed) if final else mel), None
+
+    def audio(self, state: SeamState, wav: np.ndarray, source: np.ndarray | None, vocoded: np.ndarray,
+              final: bool) -> tuple[np.ndarray, SeamState]:
+        sent = state.sent if isinstance(state, VocodedSoFar) else 0
+        if final:
+            return wav[sent:], None
+        ready = max(sent, (vocoded.shape[1] - self.look_right) * self.hop)
+        return wav[sent:ready], VocodedSoFar(vocoded, ready)
+
+
+def seams_of(kind: str, mel_cache: int, look_right: int, hop: int) -> CrossfadeSeams | CausalSeams:
+    return CausalSeams(look_right, hop) if kind == "causal" else CrossfadeSeams(mel_cache, hop)

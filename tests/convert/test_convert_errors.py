@@ -53,7 +53,7 @@ CASES = {
     "CosyVoice 1 yaml": (lambda c: (c / "cosyvoice2.yaml").rename(c / "cosyvoice.yaml"), ("cosyvoice.yaml", "CosyVoice 1")),
     "CosyVoice 3 model in cosyvoice2.yaml": (
         lambda c: (c / "cosyvoice2.yaml").write_text((c / "cosyvoice2.yaml").read_text().replace(
-            "cosyvoice.llm.llm.Qwen2LM", "cosyvoice.llm.llm.CosyVoice3LM")), ("CosyVoice 3", "CosyVoice3LM")),
+            "cosyvoice.llm.llm.Qwen2LM", "cosyvoice.llm.llm.CosyVoice3LM")), ("a CosyVoice3 model", "CosyVoice3LM")),
     "corrupt state dict": (lambda c: (c / "flow.pt").write_bytes(b"garbage"), ("flow.pt", "not a readable")),
 }
 

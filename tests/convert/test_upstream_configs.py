@@ -86,11 +86,11 @@ def test_hostile_config_never_runs_and_never_converts(case, broken_checkpoint, t
     assert not out.exists()
 
 
-def test_a_cosyvoice3_checkpoint_is_named_and_refused(tmp_path, convert_cli):  # noqa: F811
+def test_a_cosyvoice3_yaml_alone_names_the_files_a_cosyvoice3_checkpoint_has(tmp_path, convert_cli):  # noqa: F811
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "cosyvoice3.yaml").write_text(upstream_yaml.cosyvoice3())
     r = convert_cli(tmp_path / "ckpt", tmp_path / "out")
-    _one_line_error(r, "cosyvoice3.yaml", "CosyVoice 3")
+    _one_line_error(r, "llm.pt", "missing", "CosyVoice3", "speech_tokenizer_v3.onnx")
 
 
 def test_the_error_names_the_line_of_the_tag(broken_checkpoint):

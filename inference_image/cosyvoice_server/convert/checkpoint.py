@@ -1,11 +1,12 @@
-"""Reading a published CosyVoice2 checkpoint directory, with one-line errors for what is wrong.
+"""Reading a published CosyVoice2 or CosyVoice3 checkpoint directory, with one-line errors for what is wrong.
 
 The yaml is read as data (hyperyaml.py): every section upstream publishes is accepted, nothing in it is
 imported or called, and a tag outside upstream's own classes and functions is refused.
 
-The directory as its authors ship it: `cosyvoice2.yaml` (hyperpyyaml), `llm.pt`, `flow.pt`, `hift.pt`,
-`campplus.onnx`, `speech_tokenizer_v2.onnx`, `spk2info.pt`, `CosyVoice-BlankEN/` (Qwen2 config and
-tokenizer). Sizes come from the yaml, the Qwen2 config and the tensors, never from constants here.
+The directory as its authors ship it: `cosyvoice2.yaml` or `cosyvoice3.yaml` (hyperpyyaml), `llm.pt`,
+`flow.pt`, `hift.pt`, `campplus.onnx`, the speech tokenizer (`speech_tokenizer_v2.onnx` / `_v3.onnx`),
+`spk2info.pt`, `CosyVoice-BlankEN/` (Qwen2 config and tokenizer). Sizes come from the yaml, the Qwen2 config
+and the tensors, never from constants here. As upstream's `AutoModel`, the yaml's name says the family.
 """
 
 from __future__ import annotations
@@ -21,27 +22,46 @@ class ConvertError(Exception):
     """The checkpoint cannot be converted; the message is one line naming the file, tensor or setting."""
 
 
-FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v2.onnx", "spk2info.pt",
-         "CosyVoice-BlankEN/config.json")
-# The model classes of each family's yaml (upstream cosyvoice/*): what tells a CosyVoice2 checkpoint apart.
-COSYVOICE2 = {"llm": "cosyvoice.llm.llm.Qwen2LM", "flow": "cosyvoice.flow.flow.CausalMaskedDiffWithXvec",
-              "hift": "cosyvoice.hifigan.generator.HiFTGenerator"}
-OTHER_FAMILIES = {
-    "cosyvoice.llm.llm.TransformerLM": "CosyVoice 1", "cosyvoice.flow.flow.MaskedDiffWithXvec": "CosyVoice 1",
-    "cosyvoice.llm.llm.CosyVoice3LM": "CosyVoice 3", "cosyvoice.flow.flow.CausalMaskedDiffWithDiT": "CosyVoice 3",
-    "cosyvoice.hifigan.generator.CausalHiFTGenerator": "CosyVoice 3",
-}
-OTHER_YAMLS = {"cosyvoice.yaml": "CosyVoice 1", "cosyvoice3.yaml": "CosyVoice 3"}
+@dataclass(frozen=True)
+class Family:
+    """What tells one of upstream's model families apart in a checkpoint directory."""
+
+    key: str  # build.TABLES key
+    title: str
+    yaml: str
+    classes: dict[str, str]  # the yaml's llm, flow and hift classes (upstream cosyvoice/*)
+    speech_tokenizer: str
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (self.yaml, "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", self.speech_tokenizer, "spk2info.pt",
+                "CosyVoice-BlankEN/config.json")
+
+
+COSYVOICE2 = Family("cosyvoice2", "CosyVoice2", "cosyvoice2.yaml",
+                    {"llm": "cosyvoice.llm.llm.Qwen2LM", "flow": "cosyvoice.flow.flow.CausalMaskedDiffWithXvec",
+                     "hift": "cosyvoice.hifigan.generator.HiFTGenerator"}, "speech_tokenizer_v2.onnx")
+COSYVOICE3 = Family("cosyvoice3", "CosyVoice3", "cosyvoice3.yaml",
+                    {"llm": "cosyvoice.llm.llm.CosyVoice3LM", "flow": "cosyvoice.flow.flow.CausalMaskedDiffWithDiT",
+                     "hift": "cosyvoice.hifigan.generator.CausalHiFTGenerator"}, "speech_tokenizer_v3.onnx")
+FAMILIES = (COSYVOICE2, COSYVOICE3)
+OTHER_FAMILIES = {"cosyvoice.llm.llm.TransformerLM": "CosyVoice 1", "cosyvoice.flow.flow.MaskedDiffWithXvec": "CosyVoice 1"}
+OTHER_YAMLS = {"cosyvoice.yaml": "CosyVoice 1"}
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     dir: Path
+    family: Family
     config: dict  # the whole yaml, references resolved, tags as hyperyaml.Call (nothing built or called)
     qwen: dict  # CosyVoice-BlankEN/config.json
 
     def path(self, name: str) -> Path:
         return self.dir / name
+
+    @property
+    def yaml(self) -> Path:
+        return self.dir / self.family.yaml
 
 
 def _config(path: Path, blank: Path) -> dict:
@@ -63,31 +83,42 @@ def _class(config: dict, key: str) -> str | None:
     return value.target if isinstance(value, hyperyaml.Call) else None
 
 
+def _family(ckpt: Path) -> Family:
+    for name, family in OTHER_YAMLS.items():
+        if (ckpt / name).is_file():
+            raise ConvertError(f"{ckpt / name}: a {family} checkpoint; convert takes CosyVoice2 (cosyvoice2.yaml) and "
+                               "CosyVoice3 (cosyvoice3.yaml)")
+    for family in FAMILIES:
+        if (ckpt / family.yaml).is_file():
+            return family
+    raise ConvertError(f"{ckpt}: no {' or '.join(f.yaml for f in FAMILIES)} (a CosyVoice2 checkpoint has "
+                       f"{', '.join(COSYVOICE2.files)}; a CosyVoice3 one the same with {COSYVOICE3.yaml} and "
+                       f"{COSYVOICE3.speech_tokenizer})")
+
+
 def read(ckpt: Path) -> Checkpoint:
     if not ckpt.is_dir():
         raise ConvertError(f"{ckpt}: checkpoint directory does not exist")
-    if not (ckpt / "cosyvoice2.yaml").is_file():
-        for name, family in OTHER_YAMLS.items():
-            if (ckpt / name).is_file():
-                raise ConvertError(f"{ckpt / name}: a {family} checkpoint; convert takes CosyVoice2 (cosyvoice2.yaml)")
-    for name in FILES:
+    family = _family(ckpt)
+    for name in family.files:
         if not (ckpt / name).is_file():
-            raise ConvertError(f"{ckpt / name}: missing (a CosyVoice2 checkpoint has {', '.join(FILES)})")
-    path = ckpt / "cosyvoice2.yaml"
+            raise ConvertError(f"{ckpt / name}: missing (a {family.title} checkpoint has {', '.join(family.files)})")
+    path = ckpt / family.yaml
     config = _config(path, ckpt / "CosyVoice-BlankEN")
-    for key, cls in COSYVOICE2.items():
+    for key, cls in family.classes.items():
         got = _class(config, key)
         if got != cls:
-            family = OTHER_FAMILIES.get(got or "")
-            what = f"a {family} model ({got})" if family else (f"{got}" if got else "missing")
-            raise ConvertError(f"{path}: '{key}' is {what}; CosyVoice2 has {cls}")
+            other = OTHER_FAMILIES.get(got or "") or next(
+                (f.title for f in FAMILIES if f is not family and got in f.classes.values()), None)
+            what = f"a {other} model ({got})" if other else (f"{got}" if got else "missing")
+            raise ConvertError(f"{path}: '{key}' is {what}; {family.title} has {cls}")
     try:
         qwen = json.loads((ckpt / "CosyVoice-BlankEN/config.json").read_text())
     except ValueError as exc:
         raise ConvertError(f"{ckpt / 'CosyVoice-BlankEN/config.json'}: not valid JSON ({exc})") from exc
     if qwen.get("model_type") != "qwen2":
         raise ConvertError(f"{ckpt / 'CosyVoice-BlankEN/config.json'}: model_type is {qwen.get('model_type')!r}, expected 'qwen2'")
-    return Checkpoint(ckpt, config, qwen)
+    return Checkpoint(ckpt, family, config, qwen)
 
 
 def load_state(path: Path) -> dict:

@@ -1,9 +1,11 @@
-"""CosyVoice2's bistream input schedule (upstream `Qwen2LM.inference_bistream`), as a pure state machine.
+"""The bistream input schedule (upstream `Qwen2LM.inference_bistream`, which CosyVoice3LM shares), as a pure
+state machine.
 
-One segment of a streamed-text session: the LLM input starts with sos; the prompt's text and speech
+One segment of a streamed-text session: the LLM input starts with sos (CosyVoice3: then the prompt text up to
+and including <|endofprompt|>, its system prompt, which does not interleave); the prompt's text and speech
 tokens go in interleaved, `text` (5) text tokens then `speech` (15) speech tokens per group, as soon as
 text tokens are there to fill the groups (the prompt text counts first); once the prompt speech is used
-up the model decodes, and the fill token (speech_token_size + 2) is forced at fixed intervals of
+up the model decodes, and the fill token (`fill`) is forced at fixed intervals of
 `speech` + 1 tokens (it may also be sampled): each fill asks for the next `text` text tokens, fed in
 place of the fill. At the end of the input the rest of the text and task_id go in, and the model decodes
 to eos as the whole-text path does.
@@ -46,7 +48,8 @@ class Phase(str, Enum):
 class Interleave:
     prompt_text: list[int]
     prompt_speech: list[int]
-    fill: int  # the fill token id (speech_token_size + 2)
+    fill: int  # the fill token id (CosyVoice2: speech_token_size + 2, CosyVoice3: + 3)
+    head_end: int | None = None  # the prompt text up to this id goes in right after sos (CosyVoice3's system prompt)
     text_group: int = TEXT_GROUP
     speech_group: int = SPEECH_GROUP
     text_cache: list[int] = field(init=False)
@@ -58,10 +61,11 @@ class Interleave:
     next_fill: int = 0
 
     def __post_init__(self) -> None:
-        self.text_cache = list(self.prompt_text)
+        head = self.prompt_text.index(self.head_end) + 1 if self.head_end in self.prompt_text else 0
+        self.text_cache = list(self.prompt_text[head:])
         self._arrived: list[int] = []  # text tokens not yet handed to the schedule (upstream's generator)
         self._speech_left = list(self.prompt_speech)
-        self.lm_input = [(SOS, 0)]
+        self.lm_input = [(SOS, 0)] + [(TEXT, t) for t in self.prompt_text[:head]]
         p, s = len(self.prompt_speech), self.speech_group
         self.next_fill = (p // s + 1) * s - p
 
@@ -111,12 +115,14 @@ class Interleave:
 
     def decided(self, token: int, speech_token_size: int) -> bool:
         """Records the token taken after the last input; True when it is a speech token to keep.
-        A fill pauses the segment (WAITING); any stop token ends the FINAL phase."""
-        if self.phase == Phase.INTERLEAVED and token == self.fill:
+        A fill pauses the segment (WAITING); any other stop token ends it (upstream raises on one while
+        interleaving and its stream then waits forever; a whole-text decode would stop there)."""
+        interleaved = self.phase == Phase.INTERLEAVED
+        if interleaved and token == self.fill:
             self.next_fill = len(self.history) + self.speech_group + 1
         self.history.append(token)
         if token >= speech_token_size:
-            self.phase = Phase.WAITING if self.phase == Phase.INTERLEAVED else Phase.DONE
+            self.phase = Phase.WAITING if interleaved and token == self.fill else Phase.DONE
             return False
         self.lm_input = [(SPEECH, token)]
         return True

@@ -111,6 +111,7 @@ class FlowEngine:
         self.spec = spec
         self.ratio = token_mel_ratio
         self.encoder = rt.session(encoder, "flow_encoder")
+        self._encoder_inputs = {i.name for i in self.encoder.get_inputs()}  # CosyVoice3's takes no `streaming`
         self.estimator = rt.session(estimator, "flow_estimator")
         self.incremental = rt.session(incremental, "flow_incremental") if incremental and spec.incremental else None
         self.ledger = CacheLedger(cache_limit_bytes)
@@ -227,9 +228,9 @@ class FlowEngine:
         lens = np.array([c.token_len for c in chunks], np.int64)
         emb = np.stack([c.embedding for c in chunks]).astype(np.float32)
         streaming = np.array([int(c.streaming) for c in chunks], np.int64)
-        mu, spks = self.encoder.run(["mu", "spks"], {
-            "token": tokens, "token_len": lens, "context_len": np.array([c.context_len for c in chunks], np.int64),
-            "streaming": streaming, "embedding": emb})
+        feed = {"token": tokens, "token_len": lens, "context_len": np.array([c.context_len for c in chunks], np.int64),
+                "streaming": streaming, "embedding": emb}
+        mu, spks = self.encoder.run(["mu", "spks"], {k: v for k, v in feed.items() if k in self._encoder_inputs})
         frames = int(lens.max()) * self.ratio
         if frames > self.max_frames:
             raise ValueError(f"{frames} mel frames exceed the flow noise buffer ({self.max_frames})")
@@ -337,30 +338,50 @@ class FlowEngine:
 @dataclass
 class VocoderInput:
     mel: np.ndarray  # [80, frames]
-    noise: np.ndarray  # [frames * hop, harmonics]: the source module's Gaussian noise
-    cache_source: np.ndarray  # [cached samples]: replaces the head of the source signal
+    noise: np.ndarray  # [frames * hop, harmonics]: the source module's noise
+    cache_source: np.ndarray | None  # [cached samples]: replaces the head of the source signal (crossfade seams)
 
 
 class VocoderEngine:
-    def __init__(self, rt: Runtime, path: Path, hop_samples: int) -> None:
+    def __init__(self, rt: Runtime, path: Path, hop_samples: int, fixed_noise: np.ndarray | None = None) -> None:
+        """`fixed_noise` [samples, harmonics]: a causal vocoder's source noise, read from sample 0 by every run
+        (the graph then takes no cache_source); None: Gaussian noise per request, drawn by `noise`."""
         self.session = rt.session(path, "vocoder")
         self.hop = hop_samples
+        self.fixed_noise = fixed_noise
         noise = next(i for i in self.session.get_inputs() if i.name == "noise")
         self.harmonics = int(noise.shape[-1])
 
-    def run(self, items: list[VocoderInput]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(waveform, source) per item; items of equal length and cache run as one batch."""
-        out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(items)
-        groups: dict[tuple[int, int], list[int]] = {}
+    @property
+    def max_frames(self) -> int | None:
+        """The most mel frames one run may take (a fixed noise's length), None without a bound."""
+        return None if self.fixed_noise is None else len(self.fixed_noise) // self.hop
+
+    def noise(self, frames: int, rng: np.random.Generator) -> np.ndarray:
+        samples = frames * self.hop
+        if self.fixed_noise is not None:
+            if samples > len(self.fixed_noise):
+                raise ValueError(f"{frames} mel frames exceed the vocoder's noise ({len(self.fixed_noise) // self.hop})")
+            return np.asarray(self.fixed_noise[:samples])
+        return rng.standard_normal((samples, self.harmonics), np.float32)
+
+    def run(self, items: list[VocoderInput]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """(waveform, source) per item (source None for a causal vocoder); items of equal length (and cache)
+        run as one batch."""
+        out: list[tuple[np.ndarray, np.ndarray | None] | None] = [None] * len(items)
+        groups: dict[tuple[int, int | None], list[int]] = {}
         for i, it in enumerate(items):
-            groups.setdefault((it.mel.shape[1], len(it.cache_source)), []).append(i)
-        for idx in groups.values():
-            feed = {
-                "speech_feat": np.stack([items[i].mel for i in idx]).astype(np.float32),
-                "noise": np.stack([items[i].noise for i in idx]).astype(np.float32),
-                "cache_source": np.stack([items[i].cache_source for i in idx]).astype(np.float32)[:, None, :],
-            }
-            wav, source = self.session.run(["waveform", "source"], feed)
+            groups.setdefault((it.mel.shape[1], None if it.cache_source is None else len(it.cache_source)), []).append(i)
+        for (_, cached), idx in groups.items():
+            feed = {"speech_feat": np.stack([items[i].mel for i in idx]).astype(np.float32),
+                    "noise": np.stack([items[i].noise for i in idx]).astype(np.float32)}
+            if cached is None:
+                (wav,) = self.session.run(["waveform"], feed)
+                source = [None] * len(idx)
+            else:
+                feed["cache_source"] = np.stack([items[i].cache_source for i in idx]).astype(np.float32)[:, None, :]
+                wav, sources = self.session.run(["waveform", "source"], feed)
+                source = [sources[j, 0] for j in range(len(idx))]
             for j, i in enumerate(idx):
-                out[i] = (wav[j], source[j, 0])
+                out[i] = (wav[j], source[j])
         return out  # type: ignore[return-value]

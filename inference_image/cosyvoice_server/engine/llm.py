@@ -62,7 +62,7 @@ class LLMEngine:
         self.speech_embedding = embeddings["speech_embedding"]
         self.sos, self.task = embeddings["llm_embedding"][0], embeddings["llm_embedding"][1]
         self.eos = spec.speech_token_size
-        self.fill = spec.speech_token_size + 2  # Qwen2LM's fill_token: "more text, please"
+        self.fill = spec.fill  # the fill token: "more text, please"
         self.kv_bytes_per_position = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4  # float32 K and V
         self._empty_kv = np.zeros((0, spec.num_kv_heads, 0, spec.head_dim), np.float32)
 
@@ -86,7 +86,7 @@ class LLMEngine:
     def bistream_sequence(self, prompt_text: np.ndarray, prompt_speech: np.ndarray, rng: np.random.Generator,
                           owner: Any) -> Sequence:
         """A segment of streamed text; its input comes block by block from `Interleave.next_block`."""
-        schedule = Interleave(prompt_text.tolist(), prompt_speech.tolist(), self.fill)
+        schedule = Interleave(prompt_text.tolist(), prompt_speech.tolist(), self.fill, head_end=self.spec.bistream_prompt_head)
         return Sequence(prompt=np.zeros((0, self.sos.shape[0]), np.float32), min_len=0, max_len=0, rng=rng, owner=owner,
                         bistream=schedule)
 

@@ -110,14 +110,30 @@ def load_voices(model_dir: Path, m: Manifest) -> dict[str, Voice]:
     return {path.stem: load_voice(path, m) for path in sorted((model_dir / m.voices.dir).glob("*.npz"))}
 
 
-def load_flow_noise(model_dir: Path, m: Manifest) -> np.ndarray:
-    path = model_dir / m.flow.noise
+def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
     try:
-        noise = np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: not a readable .npy file ({exc})") from exc
+
+
+def load_flow_noise(model_dir: Path, m: Manifest) -> np.ndarray:
+    path = model_dir / m.flow.noise
+    noise = _load_npy(path)
     if noise.ndim != 2 or noise.shape[0] != m.flow.mel_bins or noise.dtype != np.float32:
         raise ModelLoadError(f"{path}: flow noise is {noise.dtype} {noise.shape}, expected float32 ({m.flow.mel_bins}, frames)")
+    return noise
+
+
+def load_vocoder_noise(model_dir: Path, m: Manifest) -> np.ndarray | None:
+    """The causal vocoder's fixed source noise [samples, harmonics], memory-mapped: CosyVoice3's covers 300 s
+    (259 MB), of which a segment reads its own length."""
+    if not m.vocoder.noise:
+        return None
+    path = model_dir / m.vocoder.noise
+    noise = _load_npy(path, mmap=True)
+    if noise.ndim != 2 or noise.dtype != np.float32 or noise.shape[0] < m.hop_samples:
+        raise ModelLoadError(f"{path}: vocoder noise is {noise.dtype} {noise.shape}, expected float32 (samples, harmonics)")
     return noise
 
 
@@ -157,7 +173,7 @@ class Pipeline:
                                stage_file(model_dir, m.flow.incremental, p, "flow.incremental") if m.flow.incremental else None,
                                flow_cache_bytes)
             vocoder = pool.submit(VocoderEngine, self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"),
-                                  m.hop_samples)
+                                  m.hop_samples, load_vocoder_noise(model_dir, m))
             self.llm, self.flow, self.vocoder = llm.result(), flow.result(), vocoder.result()
         with phases("voices"):
             self.voices = load_voices(model_dir, m)
@@ -169,3 +185,11 @@ class Pipeline:
     @property
     def sample_rate(self) -> int:
         return self.manifest.sample_rate
+
+    def token_room(self, prompt_tokens: int) -> int:
+        """Speech tokens one segment may have after a voice's `prompt_tokens`: the flow's fixed noise covers the
+        prompt and the segment, a causal vocoder's the segment's audio."""
+        room = self.flow.token_room(prompt_tokens)
+        if (frames := self.vocoder.max_frames) is not None:
+            room = min(room, frames // self.manifest.token_mel_ratio)
+        return room

@@ -111,16 +111,18 @@ class _Init:
 
 @dataclass(frozen=True)
 class LLMShape:
-    """A Qwen2 decoder with CosyVoice2's speech head: what the LLM graph builder needs to know."""
+    """A Qwen2 decoder with a speech head: what the LLM graph builder needs to know."""
 
     hidden: int
     layers: int
     heads: int
     kv_heads: int
     mlp: int
-    speech_vocab: int  # eos = speech_vocab; the head has SPECIAL_TOKENS more outputs
+    speech_vocab: int  # eos = speech_vocab; the head has `special` more outputs
     rope_theta: float = 1e6
     rms_eps: float = 1e-6
+    special: int = SPECIAL_TOKENS  # CosyVoice3LM's head has 200
+    decoder_bias: bool = True  # CosyVoice3LM's llm_decoder has none
 
     @property
     def head_dim(self) -> int:
@@ -128,7 +130,7 @@ class LLMShape:
 
     @property
     def vocab(self) -> int:
-        return self.speech_vocab + SPECIAL_TOKENS
+        return self.speech_vocab + self.special
 
 
 # A weight source: (name, shape) -> array. Linear weights are [in, out]. Names: layers.{i}.{q,k,v,o}_proj.weight,
@@ -241,9 +243,9 @@ def build_llm(s: LLMShape, weight: Weights) -> onnx.ModelProto:
         h = g.op("Add", [h, linear(g.op("Mul", [g.silu(gate), up]), f"layers.{i}.down_proj", s.mlp, s.hidden, False)])
     h = norm(h, "norm")
     last = g.op("Squeeze", [g.op("Slice", [h, g.const(i64(-1)), g.const(i64(2**62)), g.const(i64(1))]), g.const(i64(1))])
-    logits = linear(last, "llm_decoder", s.hidden, s.vocab, True)
+    logits = linear(last, "llm_decoder", s.hidden, s.vocab, s.decoder_bias)
     g.output(logits, "logits", "float32", ["batch", s.vocab])
-    return g.model("CosyVoice2 LLM decoder step with KV cache")
+    return g.model("CosyVoice LLM decoder step with KV cache")
 
 
 def _random_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

@@ -1,6 +1,8 @@
 """The model repository format (`model.yaml`) and its validation.
 
-A model directory holds one CosyVoice2 stage graph:
+A model directory holds one CosyVoice2 or CosyVoice3 stage graph. The manifest describes the model family
+(special tokens, prompt text, streaming seams, fixed noise): the engine reads the description and never the
+family's name.
 
     model.yaml                          this manifest
     tokenizer.json                      text tokenizer (HF `tokenizers` format; Qwen2's for CosyVoice2)
@@ -9,7 +11,9 @@ A model directory holds one CosyVoice2 stage graph:
     flow_encoder.<precision>.onnx       speech tokens -> mu, speaker embedding -> spks
     flow.decoder.estimator.<p>.onnx     x, mask, mu, t, spks, cond, streaming -> estimator_out
     flow_noise.npy                      the fixed initial flow-matching noise [80, frames]
-    hift.<precision>.onnx               speech_feat, noise, cache_source -> waveform (24 kHz), source
+    hift.<precision>.onnx               speech_feat, noise, cache_source -> waveform (24 kHz), source; or,
+                                        for a causal vocoder, speech_feat, noise -> waveform
+    hift_noise.npy                      a causal vocoder's fixed source noise [samples, harmonics] (CosyVoice3)
     voices/<name>.npz                   embedding, prompt_text_tokens, prompt_speech_tokens, prompt_mel
 
 Loading checks every file exists and every ONNX graph has the inputs and outputs, element types
@@ -57,9 +61,14 @@ class Sampling(_Strict):
 
 
 class Frontend(_Strict):
-    """Upstream CosyVoice2's text_normalize: wetext normalization and split_paragraph's lengths."""
+    """Upstream's text_normalize: wetext normalization and split_paragraph's lengths."""
 
     tokenizer: str = "tokenizer.json"
+    system_prompt: str | None = Field(
+        None, description="CosyVoice3: the text every LLM prompt starts with ('You are a helpful assistant.'); a "
+        "clip's transcript becomes `<system_prompt><|endofprompt|><transcript>` and an instruction "
+        "`<system_prompt> <instruction><|endofprompt|>`, as upstream's examples write them. None (CosyVoice2): the "
+        "transcript alone, and the instruction followed by <|endofprompt|>")
     text_frontend: bool = Field(True, description="normalize (wetext) and split into segments; false: the text as is, "
                                 "one segment (upstream's text_frontend=False)")
     max_text_tokens_per_segment: int = Field(80, ge=8, description="token_max_n")
@@ -73,10 +82,24 @@ class LLM(StageFiles):
     num_layers: int = Field(ge=1)
     num_kv_heads: int = Field(ge=1)
     head_dim: int = Field(ge=1)
-    speech_token_size: int = Field(ge=2, description="speech vocabulary; eos = speech_token_size")
+    speech_token_size: int = Field(ge=2, description="speech vocabulary; every id from speech_token_size on stops "
+                                   "a segment, and before min_len the id speech_token_size is masked (upstream's "
+                                   "sampling_ids)")
+    fill_token: int | None = Field(None, description="the streamed-text fill token, asking for more text "
+                                   "(default speech_token_size + 2, CosyVoice2's; CosyVoice3's is + 3)")
+    bistream_prompt_head: int | None = Field(
+        None, description="streamed text: the prompt text up to and including this id goes into the LLM input "
+        "before text and speech interleave (CosyVoice3: <|endofprompt|>); None: all of it interleaves")
+    silent_tokens: list[int] = Field([], description="speech tokens of silence: after `max_silent_run` of them in a "
+                                     "row, further ones go back into the LLM but not to the flow (CosyVoice3)")
+    max_silent_run: int = Field(5, ge=0)
     sampling: Sampling = Sampling()
     min_token_text_ratio: float = Field(2, ge=0)
     max_token_text_ratio: float = Field(20, gt=0)
+
+    @property
+    def fill(self) -> int:
+        return self.fill_token if self.fill_token is not None else self.speech_token_size + 2
 
 
 class IncrementalEstimator(StageFiles):
@@ -102,14 +125,27 @@ class Flow(_Strict):
     spk_embed_dim: int = 192
 
 
+class Vocoder(StageFiles):
+    noise: str | None = Field(None, description="a causal vocoder's fixed source noise, float32 [samples, harmonics], "
+                              "read from sample 0 by every run (CosyVoice3's `sine_waves`, drawn at construction); "
+                              "None: Gaussian noise drawn per request (CosyVoice2)")
+
+
 class Streaming(_Strict):
-    """Upstream CosyVoice2Model's streaming constants (`cli/model.py`)."""
+    """Upstream's streaming constants (`cli/model.py`, CosyVoice2Model and CosyVoice3Model)."""
 
     first_hop_tokens: int = Field(25, ge=1, description="token_hop_len: the flow's static chunk size in tokens")
     max_hop_tokens: int = Field(100, ge=1, description="token_max_hop_len")
     hop_growth: int = Field(2, ge=1, description="stream_scale_factor: the hop is multiplied by it after each chunk")
-    mel_cache_frames: int = Field(8, ge=1, description="mel_cache_len: frames re-vocoded at each seam; their "
-                                  "audio (x hop_samples) is cross-faded with a Hamming window and held back")
+    seams: Literal["crossfade", "causal"] = Field(
+        "crossfade", description="how a streamed segment's chunks join. crossfade (CosyVoice2): each chunk's mel is "
+        "vocoded after the previous chunk's last `mel_cache_frames` frames and source, the audio of those frames "
+        "cross-faded with a Hamming window and held back. causal (CosyVoice3): the vocoder is causal but for a "
+        "look-right; a chunk's audio is that of the segment's mel so far, less the last `look_right_frames` "
+        "frames', which wait for the next chunk")
+    mel_cache_frames: int = Field(8, ge=1, description="mel_cache_len (crossfade seams)")
+    look_right_frames: int = Field(8, ge=0, description="causal seams: mel frames at the end of a non-final chunk "
+                                   "whose audio waits for the next chunk")
 
 
 VOICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -135,11 +171,15 @@ class PromptEncoders(_Strict):
 
     campplus: str = Field("campplus.onnx", description="fbank [1,T,80] -> speaker embedding [1,192]")
     speech_tokenizer: str = Field("speech_tokenizer_v2.onnx", description="16 kHz log-mel [1,128,T] -> speech tokens")
+    mel_fmax: float | None = Field(8000.0, gt=0, description="the prompt mel's highest filter edge in Hz "
+                                   "(feat_extractor's fmax; CosyVoice3's null is half the sample rate)")
 
 
 class Manifest(_Strict):
     format: Literal["cosyvoice2-onnx/v1"]
     name: str = Field(min_length=1)
+    family: str = Field("CosyVoice2", description="the upstream model family, shown to users (the engine reads the "
+                        "description below, never this name)")
     description: str = ""
     sample_rate: int = 24000
     token_rate: int = 25
@@ -148,7 +188,7 @@ class Manifest(_Strict):
     frontend: Frontend = Frontend()
     llm: LLM
     flow: Flow
-    vocoder: StageFiles
+    vocoder: Vocoder
     streaming: Streaming = Streaming()
     voices: Voices
     prompt_encoders: PromptEncoders | None = None
@@ -161,6 +201,13 @@ class Manifest(_Strict):
     @property
     def samples_per_token(self) -> int:
         return self.hop_samples * self.token_mel_ratio
+
+    @model_validator(mode="after")
+    def _causal_noise(self) -> Manifest:
+        if self.streaming.seams == "causal" and not self.vocoder.noise:
+            raise ValueError("streaming.seams causal needs vocoder.noise: every chunk re-vocodes the segment's mel so "
+                             "far, which must read the same source noise each time")
+        return self
 
     @model_validator(mode="after")
     def _rates(self) -> Manifest:
@@ -183,6 +230,8 @@ def _llm_io(m: Manifest) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[st
     return ins, outs
 
 
+# Inputs a graph may leave out: the engine feeds only those it has (CosyVoice3's flow encoder has no attention).
+OPTIONAL_INPUTS = {"flow encoder": {"streaming"}}
 STAGE_IO = {
     "flow encoder": (
         {"token": ("int64", 2), "token_len": ("int64", 1), "context_len": ("int64", 1), "streaming": ("int64", 1),
@@ -202,6 +251,7 @@ STAGE_IO = {
     ),
     "vocoder": ({"speech_feat": ("float", 3), "noise": ("float", 3), "cache_source": ("float", 3)},
                 {"waveform": ("float", 2), "source": ("float", 3)}),
+    "causal vocoder": ({"speech_feat": ("float", 3), "noise": ("float", 3)}, {"waveform": ("float", 2)}),
 }
 
 
@@ -269,8 +319,10 @@ def _interface(path: Path):
         return inputs, outputs, init_names
 
 
-def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]]) -> None:
-    """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds."""
+def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]],
+                  optional: set[str] = frozenset()) -> None:
+    """Raises ModelLoadError naming the file when the graph's interface differs from what the engine feeds
+    (`optional` inputs may be absent)."""
     import onnx
 
     try:
@@ -279,6 +331,7 @@ def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], ou
         raise ModelLoadError(f"{path}: not a readable ONNX model ({exc.__class__.__name__}: {exc})") from exc
     have_in = {v.name: v for v in graph_in if v.name not in init_names}
     have_out = {v.name: v for v in graph_out}
+    inputs = {k: v for k, v in inputs.items() if k in have_in or k not in optional}
     for kind, want, have in (("input", inputs, have_in), ("output", outputs, have_out)):
         missing = sorted(set(want) - set(have))
         if missing:
@@ -335,13 +388,17 @@ def validate_model_dir(model_dir: Path, precision: Precision = "fp32", extra_ali
     m = load_manifest(model_dir)
     llm_in, llm_out = _llm_io(m)
     check_onnx_io(stage_file(model_dir, m.llm, precision, "llm"), "llm", llm_in, llm_out)
-    check_onnx_io(stage_file(model_dir, m.flow.encoder, precision, "flow.encoder"), "flow encoder", *STAGE_IO["flow encoder"])
+    check_onnx_io(stage_file(model_dir, m.flow.encoder, precision, "flow.encoder"), "flow encoder", *STAGE_IO["flow encoder"],
+                  OPTIONAL_INPUTS["flow encoder"])
     check_onnx_io(stage_file(model_dir, m.flow.estimator, precision, "flow.estimator"), "flow estimator", *STAGE_IO["flow estimator"])
     if m.flow.incremental is not None:
         check_onnx_io(stage_file(model_dir, m.flow.incremental, precision, "flow.incremental"),
                       "flow incremental estimator", *STAGE_IO["flow incremental estimator"])
-    check_onnx_io(stage_file(model_dir, m.vocoder, precision, "vocoder"), "vocoder", *STAGE_IO["vocoder"])
-    for rel, what in ((m.frontend.tokenizer, "tokenizer"), (m.llm.embeddings, "LLM embeddings"), (m.flow.noise, "flow noise")):
+    vocoder = "causal vocoder" if m.streaming.seams == "causal" else "vocoder"
+    check_onnx_io(stage_file(model_dir, m.vocoder, precision, "vocoder"), vocoder, *STAGE_IO[vocoder])
+    fixed = [(m.vocoder.noise, "vocoder noise")] if m.vocoder.noise else []
+    for rel, what in ((m.frontend.tokenizer, "tokenizer"), (m.llm.embeddings, "LLM embeddings"), (m.flow.noise, "flow noise"),
+                      *fixed):
         if not (model_dir / rel).is_file():
             raise ModelLoadError(f"{model_dir / rel}: missing ({what})")
     if m.prompt_encoders is not None:

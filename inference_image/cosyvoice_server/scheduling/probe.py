@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..engine.flow import VocoderInput
 from ..engine.pipeline import Pipeline
+from ..streaming import seams_of
 from .batching import paying_batch
 
 
@@ -43,10 +45,10 @@ def vocoder_cost(p: Pipeline, b: int) -> float:
     m = p.manifest
     frames = m.streaming.first_hop_tokens * m.token_mel_ratio // 2
     rng = np.random.default_rng(0)
-    feed = {"speech_feat": rng.standard_normal((b, m.flow.mel_bins, frames)).astype(np.float32),
-            "noise": rng.standard_normal((b, frames * m.hop_samples, p.vocoder.harmonics)).astype(np.float32),
-            "cache_source": np.zeros((b, 1, 0), np.float32)}
-    return _timed(lambda: p.vocoder.session.run(None, feed))
+    seams = seams_of(m.streaming.seams, m.streaming.mel_cache_frames, m.streaming.look_right_frames, m.hop_samples)
+    mel, cache_source = seams.mel(None, rng.standard_normal((m.flow.mel_bins, frames)).astype(np.float32), False, 1.0)
+    items = [VocoderInput(mel, p.vocoder.noise(frames, rng), cache_source) for _ in range(b)]
+    return _timed(lambda: p.vocoder.run(items))
 
 
 def measure(p: Pipeline, limit: int) -> dict[str, tuple[int, dict[int, float]]]:

@@ -23,7 +23,7 @@ from ..engine.llm import Sequence
 from ..engine.pipeline import Voice
 from ..frontend import speakable
 from ..streamtext import StreamTokenizer
-from ..streaming import ChunkPlanner, HiftCache
+from ..streaming import ChunkPlanner, SeamState
 
 _ids = itertools.count(1)
 
@@ -264,7 +264,9 @@ class SynthesisRequest:
     tokens: list[int] = field(default_factory=list)
     segment: int = 0
     segment_offset: int = 0  # len(tokens) when the current segment started
-    hift_cache: HiftCache | None = None
+    llm_taken: int = 0  # the current segment's LLM tokens read so far (silent runs past the model's bound are not kept)
+    silent_run: int = 0  # silent tokens in a row at the end of what was read
+    seam: SeamState = None  # what the current streamed segment's next chunk joins (streaming.py)
     flow_cache: FlowCache | None = None  # the streamed segment's, from its first chunk to its last
     first_audio_at: float | None = None
     first_mel_at: float | None = None  # when the flow returned its first mel (the flow's thread)

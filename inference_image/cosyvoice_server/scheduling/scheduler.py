@@ -34,7 +34,7 @@ from ..engine.llm import Batch, Sequence
 from ..engine.pipeline import Pipeline
 from ..config import Settings
 from ..metrics import Metrics
-from ..streaming import Span, interpolate_mel, seam
+from ..streaming import Span, drop_silence, seams_of
 from .batching import StageQueue, WorkItem
 from .planning import Admission, ParkedView, RowView, admit, settle
 from .request import Done, Outcome, RequestPhase, SegmentDone, SynthesisRequest
@@ -140,8 +140,9 @@ class Scheduler:
         man = pipeline.manifest
         self.hop = man.hop_samples
         self.ratio = man.token_mel_ratio
-        self.mel_cache = man.streaming.mel_cache_frames
-        self.window = np.hamming(2 * self.mel_cache * self.hop)  # upstream's speech_window
+        self.silent, self.max_silent_run = frozenset(man.llm.silent_tokens), man.llm.max_silent_run
+        self.seams = seams_of(man.streaming.seams, man.streaming.mel_cache_frames, man.streaming.look_right_frames,
+                              self.hop)
         self.lookahead = man.flow.pre_lookahead_tokens
         self._lock = threading.Condition()
         # Every live request by key, and the one queue the LLM's decisions need (arrivals, in order); which
@@ -344,7 +345,7 @@ class Scheduler:
         seq = self.p.llm.sequence(req.text.segments[req.segment], v.prompt_text_tokens, v.llm_prompt_speech_tokens,
                                   req.rng, req)
         # the request's output bound, and what the flow can take after the voice's prompt
-        room = self.p.flow.token_room(len(v.prompt_speech_tokens))
+        room = self.p.token_room(len(v.prompt_speech_tokens))
         seq.max_len = max(1, min(seq.max_len, req.max_tokens - len(req.tokens), room))
         return seq
 
@@ -402,7 +403,7 @@ class Scheduler:
             q = req.seq
             q.prompt = llm.embed(req.block)
             if q.bistream.phase == InputPhase.FINAL:  # bounded as the whole-text decode: by its text and the flow
-                room = self.p.flow.token_room(len(req.voice.prompt_speech_tokens))
+                room = self.p.token_room(len(req.voice.prompt_speech_tokens))
                 q.max_len = max(len(q.tokens) + 1,
                                 min(int(q.bistream.text_tokens * llm.spec.max_token_text_ratio), req.max_tokens, room))
             req.phase, req.seq, req.block = RUNNING, None, None
@@ -487,9 +488,11 @@ class Scheduler:
             req: SynthesisRequest = q.owner
             if not req.alive:
                 continue
-            fresh = q.tokens[len(req.tokens) - req.segment_offset :]
-            req.tokens.extend(fresh)
+            fresh = q.tokens[req.llm_taken :]
+            req.llm_taken = len(q.tokens)
             self.m.tokens.inc(len(fresh))
+            kept, req.silent_run = drop_silence(fresh, req.silent_run, self.silent, self.max_silent_run)
+            req.tokens.extend(kept)
             segment = req.tokens[req.segment_offset :]
             last_segment = req.text.last_segment(req.segment, q.done, len(req.tokens), req.max_tokens)
             while (span := req.planner.next(len(segment), q.done)) is not None:
@@ -499,7 +502,7 @@ class Scheduler:
                 continue
             if not last_segment:
                 req.segment += 1
-                req.segment_offset = len(req.tokens)
+                req.segment_offset, req.llm_taken, req.silent_run = len(req.tokens), 0, 0
                 req.planner.new_segment(restart_hop=req.text.streamed)
             with self._lock:
                 if not req.alive:
@@ -535,13 +538,14 @@ class Scheduler:
         v = req.voice
         context = 0 if span.final else self.lookahead
         ahead = segment[: span.end + context]
-        room = self.p.flow.token_room(len(v.prompt_speech_tokens))
+        room = self.p.token_room(len(v.prompt_speech_tokens))
         if len(ahead) > room:  # past the flow's noise it would fail the whole flow batch it joined: it ends alone
             if cache is not None:
                 cache.release()
             self.finish(req, Outcome.FAILED, f"the segment needs {len(ahead)} speech tokens after the voice's "
-                        f"{len(v.prompt_speech_tokens)} prompt tokens, and the model's flow takes "
-                        f"{max(room, 0)} (its noise buffer is {self.p.flow.max_frames} mel frames)")
+                        f"{len(v.prompt_speech_tokens)} prompt tokens, and the model takes {max(room, 0)} (its flow's "
+                        f"noise buffer is {self.p.flow.max_frames} mel frames" + (
+                            f", its vocoder's {self.p.vocoder.max_frames}" if self.p.vocoder.max_frames else "") + ")")
             return
         tokens = np.concatenate([v.prompt_speech_tokens, np.asarray(ahead, np.int64)])
         chunk = FlowChunk(
@@ -587,6 +591,9 @@ class Scheduler:
         while (items := self._flow_q.take_batch(self.cfg.flow_max_batch, delay, self._flow_upstream)) is not None:
             self.m.queue_depth.labels("flow").set(len(self._flow_q))
             live = self._live(items, "flow")
+            for item in items:  # a dropped segment-final chunk holds the only reference to its segment's cache
+                if item not in live and item.payload.chunk is not None and item.payload.chunk.cache is not None:
+                    item.payload.chunk.cache.release()
             self._running["flow"] = [i.request for i in live]
             t0 = time.perf_counter()
             work = [i for i in live if i.payload.chunk is not None]
@@ -607,15 +614,9 @@ class Scheduler:
             self._running["flow"] = []
 
     def _vocoder_input(self, req: SynthesisRequest, w: _VocoderWork) -> VocoderInput:
-        """As upstream `token2wav`: the cached mel frames go first; `speed` stretches whole segments only."""
-        cache = req.hift_cache
-        mel, cache_source = w.mel, np.zeros(0, np.float32)
-        if cache is not None:
-            mel, cache_source = np.concatenate([cache.mel, mel], axis=1), cache.source
-        elif w.segment_final and req.speed != 1.0:
-            mel = interpolate_mel(mel, req.speed)
-        noise = req.vocoder_rng.standard_normal((mel.shape[1] * self.hop, self.p.vocoder.harmonics), np.float32)
-        return VocoderInput(mel, noise, cache_source)
+        """As upstream `token2wav`: the chunk's mel after what its seam needs of earlier chunks."""
+        mel, cache_source = self.seams.mel(req.seam, w.mel, w.segment_final, req.speed)
+        return VocoderInput(mel, self.p.vocoder.noise(mel.shape[1], req.vocoder_rng), cache_source)
 
     def _vocoder_loop(self) -> None:
         delay = self.cfg.max_queue_delay_ms / 1000
@@ -638,8 +639,7 @@ class Scheduler:
                 audio = np.zeros(0, np.float32)
                 if j in outputs:
                     wav, source = outputs[j]
-                    audio, req.hift_cache = seam(wav, source, inp.mel, req.hift_cache, w.segment_final, self.mel_cache,
-                                                 self.hop, self.window)
+                    audio, req.seam = self.seams.audio(req.seam, wav, source, inp.mel, w.segment_final)
                 if len(audio):
                     first = req.first_audio_at is None
                     req.push_audio(audio)

@@ -1,11 +1,13 @@
 """A reference clip -> a `Voice`, as upstream CosyVoice2's `frontend_zero_shot` / `frontend_cross_lingual`
 (cosyvoice/cli/frontend.py) compute it:
 
-- the clip at 16 kHz -> openai-whisper's 128-bin log-mel -> `speech_tokenizer_v2.onnx` (with the frame count)
+- the clip at 16 kHz -> openai-whisper's 128-bin log-mel -> the speech tokenizer (`speech_tokenizer_v2.onnx`,
+  CosyVoice3's `_v3`; with the frame count)
   -> prompt speech tokens; clips over 30 s are refused, as upstream's `_extract_speech_token` does;
 - the clip at 16 kHz -> 80-bin Kaldi fbank (dither 0, Kaldi's other defaults; kaldi-native-fbank) minus its
   mean over time -> `campplus.onnx` -> the 192-d speaker embedding;
-- the clip at 24 kHz -> the flow's 80-bin prompt mel (spectral.prompt_mel);
+- the clip at 24 kHz -> the flow's 80-bin prompt mel (spectral.prompt_mel; up to 8 kHz for CosyVoice2, the
+  whole band for CosyVoice3: the manifest's `mel_fmax`);
 - tokens and mel cut to a common length, `token_len = min(mel_frames // 2, tokens)`, mel to 2 x token_len;
 - the transcript -> normalized as synthesis input (upstream's `text_normalize(split=False)`) and tokenized:
   the LLM's prompt text. Without a transcript the voice is cross-lingual: the LLM prefix carries neither
@@ -107,14 +109,17 @@ class PromptEncoder:
         m = self.manifest
         text = np.zeros(0, np.int64)
         if transcript is not None:
-            text = self.prompt_text(transcript)
-            if not len(text):
+            if not self.frontend.encode(self.frontend.normalized(transcript)):
                 raise ClipError("The transcript has no words after normalization; give the words spoken in the clip, "
                                 "or leave the transcript out for a cross-lingual voice.", "invalid_transcript", "transcript")
+            text = self.prompt_text(transcript)
+        elif self.frontend.system_prompt is not None:  # CosyVoice3: the LLM prompt always ends the system prompt
+            text = self.prompt_text("")
         audio16k = spectral.resample(audio, sample_rate, TOKENIZER_RATE)
         tokens = self.speech_tokens(audio16k)
+        fmax = m.prompt_encoders.mel_fmax or m.sample_rate / 2  # type: ignore[union-attr]  (librosa's None)
         mel = spectral.prompt_mel(spectral.resample(audio, sample_rate, m.sample_rate), m.sample_rate,
-                                  hop=m.hop_samples, n_mels=m.flow.mel_bins)
+                                  hop=m.hop_samples, n_mels=m.flow.mel_bins, fmax=fmax)
         ratio = m.token_mel_ratio
         n = min(len(mel) // ratio, len(tokens))
         if n < 1:
