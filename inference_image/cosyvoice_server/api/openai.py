@@ -83,7 +83,7 @@ def _model_card(s: ServerState) -> ModelCard:
     if p is None:
         return ModelCard(id=s.model_id, created=s.created)
     caps = ModelCapabilities(
-        sample_rate=p.sample_rate, response_formats=list(get_args(SpeechRequest.model_fields["response_format"].annotation)),
+        family=p.manifest.family, sample_rate=p.sample_rate, response_formats=list(get_args(SpeechRequest.model_fields["response_format"].annotation)),
         stream_formats=list(get_args(SpeechRequest.model_fields["stream_format"].annotation)),
         instructions=p.frontend.takes_instructions, tags=p.frontend.markup_tags, voice_cloning=s.extraction is not None)
     return ModelCard(id=s.model_id, created=s.created, capabilities=caps)

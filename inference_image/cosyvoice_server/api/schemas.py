@@ -15,6 +15,7 @@ __all__ = ["MAX_INPUT_CHARS", "OPENAI_VOICES", "SpeechRequest", "VoiceRef", "che
 class ModelCapabilities(BaseModel):
     """What this model and server accept, so a client can discover it instead of learning it from a 400."""
 
+    family: str = Field(description="the upstream model family: CosyVoice2 or CosyVoice3")
     sample_rate: int = Field(description="Hz of the model's audio (`pcm` and `wav` are sent at this rate)")
     response_formats: list[str] = Field(description="values of `response_format`")
     stream_formats: list[str] = Field(description="values of `stream_format` (`audio`: chunked body, `sse`: events)")

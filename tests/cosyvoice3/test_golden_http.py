@@ -1,0 +1,118 @@
+"""The converted CosyVoice3 miniature served by `cosyvoice-server serve` against the audio upstream's
+`CosyVoice3.inference_zero_shot` yielded for the same requests: whole, streamed (chunk by chunk), four at once,
+and text streamed in over the WebSocket (upstream's `inference_bistream`). Lengths are exact; the audio is within
+the int16 step of PCM, far inside the golden README's log-mel budget (0.002). Measured errors print as PARITY
+lines (`pytest -s`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from cosyvoice_server.client.speech_stream import AudioChunk, connect, speak
+from cosyvoice_server.voices import spectral
+
+PCM_TOL = 1.5 / 32768 + 2e-5  # the int16 step, and the float parity of the stages
+LOG_MEL_BUDGET = 0.002  # the golden README: what a correct server lands within (the nearest wrong variant: 0.009)
+STREAMED = ("river_stream", "lamp_stream", "market_stream")
+WHOLE = ("river_whole", "lamp_whole", "short_whole")
+
+
+@pytest.fixture(scope="module")
+def served(cv3_model, server_process, tmp_path_factory):
+    s = server_process(tmp_path_factory.mktemp("cv3-server"), "--model-dir", str(cv3_model)).wait_ready()
+    yield s
+    s.stop()
+
+
+def pcm(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, "<i2").astype(np.float32) / 32768
+
+
+def compare(what: str, audio: np.ndarray, want: np.ndarray) -> None:
+    assert len(audio) == len(want), what
+    err = float(np.abs(audio - want).max())
+    dist = float(np.abs(spectral.prompt_mel(audio) - spectral.prompt_mel(want)).mean())
+    print(f"\nPARITY cosyvoice3 HTTP {what}: max abs {err:.2e}, log-mel L1 {dist:.2e}")
+    assert err < PCM_TOL, what
+    assert dist < LOG_MEL_BUDGET, what
+
+
+def body(case: dict, **extra) -> dict:
+    return {"model": "tts-1", "input": case["text"], "voice": case["voice"], "response_format": "pcm",
+            "stream": case["stream"]} | extra
+
+
+@pytest.mark.parametrize("name", [*WHOLE, *STREAMED])
+def test_each_request_sounds_as_upstream(name, cases, served):
+    c = cases[name]
+    r = httpx.post(served.url + "/v1/audio/speech", json=body(c), timeout=120)
+    assert r.status_code == 200, r.text
+    compare(name, pcm(r.content), c["arrays"]["audio"].ravel())
+
+
+@pytest.mark.parametrize("name", STREAMED)
+def test_streamed_chunks_are_upstreams_chunks(name, cases, served):
+    """Hop 25 with the prompt pad, then 50 and 100 tokens; each chunk's audio held back by the vocoder's
+    look-right: the chunk sizes upstream yields, one server-sent event each."""
+    c = cases[name]
+    sizes = []
+    with httpx.stream("POST", served.url + "/v1/audio/speech", json=body(c, stream_format="sse"), timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] == "speech.audio.delta":
+                    sizes.append(len(base64.b64decode(event["audio"])) // 2)
+    assert sizes == c["chunks"]
+
+
+def test_four_at_once_each_as_alone(cases, served):
+    names = ["lamp_stream", "river_whole", "market_stream", "short_whole"]
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(client.post(served.url + "/v1/audio/speech", json=body(cases[n]))
+                                          for n in names))
+
+    for name, r in zip(names, asyncio.run(run())):
+        assert r.status_code == 200, r.text
+        compare(f"{name} (4 at once)", pcm(r.content), cases[name]["arrays"]["audio"].ravel())
+
+
+def test_text_streamed_in_sounds_as_upstreams_bistream(cases, served):
+    c = cases["river_bistream"]
+
+    async def run() -> bytes:
+        async with await connect(served.url, voice=c["voice"], response_format="pcm") as stream:
+            result = await speak(stream, c["text_pieces"])
+        return result.audio
+
+    compare("river_bistream (WebSocket)", pcm(asyncio.run(run())), c["arrays"]["audio"].ravel())
+
+
+def test_the_model_card_names_the_family_and_its_markup(served):
+    card = httpx.get(served.url + "/v1/models/tts-1", timeout=10).json()
+    caps = card["capabilities"]
+    assert caps["family"] == "CosyVoice3"
+    assert {"[breath]", "[laughter]", "<strong>", "[AY1]", "[iā]"} <= set(caps["tags"])
+    assert caps["instructions"] is True
+
+
+def test_audio_chunks_arrive_as_the_client_reads_them(cases, served):
+    """The WebSocket's audio frames carry the chunks of the session (one per chunk the engine made)."""
+    c = cases["river_bistream"]
+
+    async def run() -> list[int]:
+        async with await connect(served.url, voice=c["voice"], response_format="pcm") as stream:
+            for piece in c["text_pieces"]:
+                await stream.append(piece)
+            await stream.end()
+            return [len(e.data) // 2 async for e in stream if isinstance(e, AudioChunk)]
+
+    assert asyncio.run(run()) == c["chunks"]
