@@ -36,10 +36,10 @@ def _text_tokens(pipeline, text: str) -> list[int]:
 def test_frontend_tokens_match_upstream_qwen_tokenizer(pipeline, checkpoint):
     from transformers import AutoTokenizer
 
-    from cosyvoice_server.convert.convert import SPECIAL_TOKENS
+    from cosyvoice_server.convert.tokens import special_tokens
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint / "CosyVoice-BlankEN"))
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(special_tokens("cosyvoice2"))
     for text in (TEXT, "[breath] The quick brown fox? <strong>Yes</strong>."):
         assert _text_tokens(pipeline, text) == tok([text])["input_ids"][0]
 
@@ -307,10 +307,10 @@ def test_text_frontend_segments_as_upstream_text_normalize(pipeline, checkpoint,
     from transformers import AutoTokenizer
     from wetext import Normalizer
 
-    from cosyvoice_server.convert.convert import SPECIAL_TOKENS
+    from cosyvoice_server.convert.tokens import special_tokens
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint / "CosyVoice-BlankEN"))
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(special_tokens("cosyvoice2"))
     encode = lambda t: tok([t])["input_ids"][0]  # noqa: E731  (QwenTokenizer.encode)
     t = text.strip()
     if fu.contains_chinese(t):

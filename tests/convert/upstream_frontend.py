@@ -123,10 +123,10 @@ class _Tokenizer:
     def __init__(self, ckpt: Path) -> None:
         from transformers import AutoTokenizer
 
-        from cosyvoice_server.convert.convert import SPECIAL_TOKENS
+        from cosyvoice_server.convert.tokens import special_tokens
 
         self.tok = AutoTokenizer.from_pretrained(str(ckpt / "CosyVoice-BlankEN"))
-        self.tok.add_special_tokens(SPECIAL_TOKENS)
+        self.tok.add_special_tokens(special_tokens("cosyvoice2"))
 
     def encode(self, text, allowed_special=None):
         return self.tok([text])["input_ids"][0]

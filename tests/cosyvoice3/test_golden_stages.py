@@ -179,3 +179,49 @@ def test_a_clips_prompt_mel_is_upstreams(golden, cv3_pipeline):
     err = float(np.abs(mel - want).max())
     assert err < 1e-4
     report("prompt mel (fmax null)", err)
+
+
+def _streamed_calls(p, cases, name) -> list[tuple[FlowChunk, np.ndarray]]:
+    """A streamed case's flow calls as the scheduler makes them: each returns only the frames after what the
+    earlier chunks returned (their tokens less the look-ahead context); the want is upstream's mel from there."""
+    c = cases[name]
+    a, v = c["arrays"], p.voices[c["voice"]]
+    ratio, prompt = p.manifest.token_mel_ratio, len(v.prompt_speech_tokens)
+    out, offset = [], 0
+    for k, call in enumerate(c["flow_calls"]):
+        tokens = a[f"flow{k}_token"].ravel().astype(np.int64)
+        context = 0 if call["finalize"] else p.manifest.flow.pre_lookahead_tokens
+        chunk = FlowChunk(tokens=np.concatenate([v.prompt_speech_tokens, tokens]), token_len=prompt + len(tokens) - context,
+                          context_len=context, streaming=call["streaming"], prompt_frames=prompt * ratio,
+                          offset_frames=offset * ratio, embedding=v.embedding, prompt_mel=v.prompt_mel)
+        out.append((chunk, a[f"flow{k}_mel"].reshape(80, -1)[:, offset * ratio:]))
+        offset = len(tokens) - context
+    return out
+
+
+@pytest.mark.parametrize("drop_after", [None, 1])
+def test_streamed_flow_computes_new_frames_only_and_matches_upstream(drop_after, cases, cv3_pipeline):
+    """Each streamed segment's chunks through the incremental DiT (a cache per segment, the voice's prompt states
+    kept), the three segments' chunks batched together; with the cache dropped after the first chunk the later
+    ones re-run their prefix. Every chunk is upstream's mel."""
+    p = cv3_pipeline
+    assert p.flow.incremental is not None and p.manifest.flow.incremental.encoder_chunk_tokens is None
+    segments = {n: _streamed_calls(p, cases, n) for n in ("river_stream", "lamp_stream", "market_stream")}
+    caches = {n: p.flow.new_cache() for n in segments}
+    err = 0.0
+    for k in range(max(len(s) for s in segments.values())):
+        batch = [(n, s[k]) for n, s in segments.items() if k < len(s)]
+        for n, (chunk, _) in batch:
+            chunk.cache = caches[n]
+        mels = p.flow.run([chunk for _, (chunk, _) in batch])
+        for (n, (chunk, want)), mel in zip(batch, mels):
+            assert mel.shape == want.shape, (n, k)
+            err = max(err, float(np.abs(mel - want).max()))
+            if chunk.streaming and drop_after is None:
+                assert caches[n].frames > 0  # the next chunk starts after the frames kept here
+        if drop_after == k + 1:
+            for cache in caches.values():
+                cache.release()
+    assert err < MEL_TOL
+    assert p.flow.ledger.used == p.flow.prompt_cache_bytes  # the segments' caches went back; the voices' states stay
+    report(f"flow streamed new frames only{' (cache dropped)' if drop_after else ''}", err)

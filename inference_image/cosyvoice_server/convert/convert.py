@@ -291,8 +291,17 @@ def _cosyvoice3_stages(flow, hift, hop: int, tmp: Path) -> tuple[list, dict, dic
     stages = [("flow_encoder", lambda p: export_dit.export_flow_encoder(flow, p)),
               ("flow.decoder.estimator", lambda p: export_dit.export_estimator(est, p, flow.output_size, flow.output_size)),
               ("hift", lambda p: export_dit.export_vocoder(hift, p, hop))]
+    flow_extra = {}
+    not_causal = export_dit.not_chunk_causal(est)
+    if not_causal:
+        log.info("no incremental streaming flow: %s", not_causal)
+    else:
+        stages.append(("flow.decoder.estimator.incremental",
+                       lambda p: export_dit.export_incremental_estimator(est, p, flow.output_size, flow.output_size)))
+        flow_extra = {"incremental": {"files": "flow.decoder.estimator.incremental",
+                                      "chunk_frames": int(est.static_chunk_size)}}
     np.save(tmp / "hift_noise.npy", hift.fixed_noise().numpy())
-    return stages, {}, {"seams": "causal", "look_right_frames": int(hift.look_right_frames)}
+    return stages, flow_extra, {"seams": "causal", "look_right_frames": int(hift.look_right_frames)}
 
 
 def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: str) -> None:

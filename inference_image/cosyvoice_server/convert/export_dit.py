@@ -5,12 +5,14 @@
   token_mel_ratio; the speaker embedding normalised and projected. It has no attention, so it takes no
   `streaming` input.
 - estimator: the DiT with one `streaming` flag per row.
+- incremental estimator: the DiT over a streamed segment's new frames only (IncrementalDiT).
 - vocoder: the causal HiFT's `finalize=True` run over mel and the fixed source noise (see causal_hift.py
   for why that is also what a non-final call returns, less its last frames).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -68,3 +70,110 @@ def export_vocoder(hift: nn.Module, path: Path, hop_samples: int) -> None:
     export(hift, args, path, ["speech_feat", "noise"], ["waveform"],
            {"speech_feat": {0: "batch", 2: "frames"}, "noise": {0: "batch", 1: "samples"},
             "waveform": {0: "batch", 1: "samples"}})
+
+
+class IncrementalDiT(nn.Module):
+    """The DiT over a streamed segment's new frames, given what the earlier chunks computed (convert/incremental.py
+    has the contract): x, mask, mu, cond [B,80,Tn], t [B], spks [B,80], offset [B] (frames before them), commit [B]
+    (new frames whose states to return), past [B,depth,Tp,dim] (each block's normalised attention input for the
+    first `offset` frames: keys and values are recomputed from it), conv_state [B,2,dim,K-1] (the positional
+    convolutions' last inputs) -> estimator_out [B,80,Tn], new_past [B,depth,Tn,dim], new_conv_state.
+
+    Under the streaming chunk mask a frame attends to frames of its own and earlier chunks, the positional
+    convolutions are causal and everything else works per frame, so a frame of a complete chunk comes out the same
+    in every later masked run (the noise is fixed and indexed from frame 0)."""
+
+    def __init__(self, dit: nn.Module) -> None:
+        super().__init__()
+        reason = not_chunk_causal(dit)
+        if reason:
+            raise ValueError(reason)
+        self.dit = dit
+        self.chunk = int(dit.static_chunk_size)
+        pos = dit.input_embed.conv_pos_embed
+        self.convs = [pos.conv1[0], pos.conv2[0]]
+        self.conv_frames = pos.kernel_size - 1
+        self.width = int(dit.dim)
+
+    def forward(self, x, mask, mu, t, spks, cond, offset, commit, past, conv_state):
+        from .dit_flow import apply_rotary
+
+        dit = self.dit
+        b, n = x.size(0), x.size(2)
+        states: list[torch.Tensor] = []
+        hidden: list[torch.Tensor] = []
+
+        def conv(module: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+            seq = torch.cat([conv_state[:, len(states)], h], dim=2)  # [B,dim,K-1+Tn]
+            # the K-1 inputs before new frame `commit` start at index `commit` of seq
+            idx = (commit.view(-1, 1, 1) + torch.arange(self.conv_frames).view(1, 1, -1)).expand(b, h.size(1), -1)
+            states.append(torch.gather(seq, 2, idx))
+            return F.mish(F.conv1d(seq, module.weight, module.bias, groups=module.groups))
+
+        temb = dit.time_embed(t)
+        ie = dit.input_embed
+        parts = [x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2)]
+        if ie.spk_dim > 0:
+            parts.append(spks.unsqueeze(1).expand(-1, n, -1))
+        h = ie.proj(torch.cat(parts, dim=-1))
+        h = conv(self.convs[1], conv(self.convs[0], h.transpose(1, 2))).transpose(1, 2) + h
+        residual = h
+
+        frames = offset.view(-1, 1) + torch.arange(n).view(1, -1)  # [B,Tn] absolute positions
+        chunk_end = (torch.div(frames, self.chunk, rounding_mode="trunc") + 1) * self.chunk
+        valid = mask[:, 0, :] > 0
+        sees_new = valid.unsqueeze(1) & (frames.unsqueeze(1) < chunk_end.unsqueeze(2))
+        sees_past = (torch.arange(past.size(2)).view(1, -1) < offset.view(-1, 1)).unsqueeze(1).expand(-1, n, -1)
+        sees = torch.cat([sees_past, sees_new], dim=2)  # [B,Tn,Tp+Tn]
+        inv = dit.rotary_embed.inv_freq
+        key_pos = torch.cat([torch.arange(past.size(2)).view(1, -1).expand(b, -1), frames], dim=1).to(inv.dtype)
+
+        def rope(pos: torch.Tensor) -> torch.Tensor:
+            f = pos.unsqueeze(-1) * inv.view(1, 1, -1)
+            return torch.stack((f, f), dim=-1).reshape(pos.size(0), pos.size(1), -1)
+
+        rope_q, rope_k = rope(frames.to(inv.dtype)), rope(key_pos)
+        for i, block in enumerate(dit.transformer_blocks):
+            norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm(h, temb)
+            hidden.append(norm)
+            attn = block.attn
+            keys = torch.cat([past[:, i], norm], dim=1)
+            d = attn.inner_dim // attn.heads
+            q = apply_rotary(attn.to_q(norm), rope_q).reshape(b, n, attn.heads, d).transpose(1, 2)
+            k = apply_rotary(attn.to_k(keys), rope_k).reshape(b, -1, attn.heads, d).transpose(1, 2)
+            v = attn.to_v(keys).reshape(b, -1, attn.heads, d).transpose(1, 2)
+            scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+            scores = scores.masked_fill(~sees.unsqueeze(1), float("-inf"))
+            out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, n, attn.inner_dim)
+            out = attn.to_out[0](out).masked_fill(~valid.unsqueeze(-1), 0.0)
+            h = h + gate_msa.unsqueeze(1) * out
+            ff_in = block.ff_norm(h) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+            h = h + gate_mlp.unsqueeze(1) * block.ff(ff_in)
+        if dit.long_skip_connection is not None:
+            h = dit.long_skip_connection(torch.cat((h, residual), dim=-1))
+        out = dit.proj_out(dit.norm_out(h, temb)).transpose(1, 2)
+        return out, torch.stack(hidden, dim=1), torch.stack(states, dim=1)
+
+
+def not_chunk_causal(dit: nn.Module) -> str | None:
+    """Why the DiT's masked output for a frame could change when later frames arrive; None if it cannot."""
+    if int(getattr(dit, "static_chunk_size", 0)) <= 0:
+        return "the DiT has no static chunk mask (static_chunk_size 0): every frame attends to all others"
+    return None
+
+
+def export_incremental_estimator(dit: nn.Module, path: Path, mel_bins: int, spk_bins: int) -> None:
+    from .incremental import INPUTS, OUTPUTS
+
+    wrapper = IncrementalDiT(dit)
+    b, n, p = 2, 2 * wrapper.chunk, 3 * wrapper.chunk
+    args = (torch.randn(b, mel_bins, n), torch.ones(b, 1, n), torch.randn(b, mel_bins, n), torch.rand(b),
+            torch.randn(b, spk_bins), torch.randn(b, mel_bins, n), torch.tensor([p, p - wrapper.chunk]),
+            torch.tensor([n, wrapper.chunk]), torch.randn(b, len(dit.transformer_blocks), p, wrapper.width),
+            torch.randn(b, 2, wrapper.width, wrapper.conv_frames))
+    new = {0: "batch", 2: "frames"}
+    export(wrapper, args, path, INPUTS, OUTPUTS,
+           {"x": new, "mask": new, "mu": new, "t": {0: "batch"}, "spks": {0: "batch"}, "cond": new,
+            "offset": {0: "batch"}, "commit": {0: "batch"}, "past": {0: "batch", 2: "past"},
+            "conv_state": {0: "batch"}, "estimator_out": new, "new_past": {0: "batch", 2: "frames"},
+            "new_conv_state": {0: "batch"}})

@@ -147,7 +147,8 @@ class FlowEngine:
         """Frames of a masked run that no later masked run of the segment changes: those of complete chunks of
         both the encoder (tokens) and the estimator (frames)."""
         inc: IncrementalEstimator = self.spec.incremental  # type: ignore[assignment]
-        tokens = c.token_len // inc.encoder_chunk_tokens * inc.encoder_chunk_tokens
+        enc = inc.encoder_chunk_tokens or 1
+        tokens = c.token_len // enc * enc
         frames = c.token_len * self.ratio
         return min(tokens * self.ratio, frames // inc.chunk_frames * inc.chunk_frames)
 
@@ -158,7 +159,8 @@ class FlowEngine:
         inc = self.spec.incremental
         if inc is None:
             return 0
-        tokens = max(prompt_tokens - self.spec.pre_lookahead_tokens, 0) // inc.encoder_chunk_tokens * inc.encoder_chunk_tokens
+        enc = inc.encoder_chunk_tokens or 1
+        tokens = max(prompt_tokens - self.spec.pre_lookahead_tokens, 0) // enc * enc
         return tokens * self.ratio // inc.chunk_frames * inc.chunk_frames
 
     @property

@@ -108,8 +108,9 @@ class IncrementalEstimator(StageFiles):
 
     chunk_frames: int = Field(ge=1, description="the estimator's static chunk mask, in mel frames: a frame of a "
                               "complete chunk is final")
-    encoder_chunk_tokens: int = Field(ge=1, description="the encoder's static chunk mask, in tokens: its output for "
-                                      "a complete chunk is final")
+    encoder_chunk_tokens: int | None = Field(None, ge=1, description="the encoder's static chunk mask, in tokens: its "
+                                             "output for a complete chunk is final (None: an encoder without "
+                                             "attention, CosyVoice3's, whose output is final for every token)")
 
 
 class Flow(_Strict):
