@@ -1,12 +1,17 @@
-"""Builds a random-weight checkpoint in the exact layout of the published CosyVoice2-0.5B directory.
+"""Builds a random-weight checkpoint in the exact layout of the published CosyVoice2-0.5B or
+Fun-CosyVoice3-0.5B directory.
 
-It uses upstream's own classes (`cosyvoice-minicpmo`), so the files are what upstream would load:
+CosyVoice2's uses upstream's own classes (`cosyvoice-minicpmo`), so the files are what upstream would load:
 `cosyvoice2.yaml` in the shape upstream publishes it (every section: upstream_yaml.py), `llm.pt`,
 `flow.pt`, `hift.pt` state dicts, `spk2info.pt` with SFT speakers, `CosyVoice-BlankEN/` (Qwen2 config, weights and a byte-level BPE tokenizer), and ONNX stand-ins
 for `campplus.onnx` and `speech_tokenizer_v2.onnx` with the published interfaces. Rates are the real
-ones (24 kHz, 25 tokens/s, 50 mel frames/s); layer sizes are small unless `size="full"`.
+ones (24 kHz, 25 tokens/s, 50 mel frames/s); layer sizes are small unless `size="full"`. CosyVoice3's
+(`family="cosyvoice3"`) is built with the project's implementation of upstream's classes (dit_flow.py,
+causal_hift.py, proven equal to upstream's outputs by tests/cosyvoice3) from `cosyvoice3.yaml` in upstream's
+shape; its `spk2info.pt` holds zero-shot speakers whose prompt text starts with the system prompt, as
+upstream's examples register them.
 
-    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--size mini|full] [--seed 0] [--config earlier]
+    python -m cosyvoice_server.convert.miniature --out /tmp/ckpt [--family cosyvoice3] [--size mini|full] [--seed 0]
 
 Tests convert it and compare the engine against upstream's inference on the same weights.
 """
@@ -41,6 +46,11 @@ class Size:
     hift_channels: int
     hift_res_kernels: tuple[int, ...]
     f0_channels: int
+    dit_dim: int = 64  # CosyVoice3's flow
+    dit_depth: int = 2
+    dit_heads: int = 2
+    dit_head_dim: int = 32
+    lookahead_channels: int = 64
     speakers: tuple[str, ...] = ("spk_a", "spk_b")
     eos_bias: float = 0.0  # added to the eos logit so random weights stop at plausible lengths
 
@@ -54,22 +64,32 @@ SIZES = {
     "full": Size(qwen_hidden=896, qwen_layers=24, qwen_heads=14, qwen_kv_heads=2, qwen_mlp=4864,
                  encoder_blocks=6, encoder_heads=8, encoder_units=2048,
                  est_channels=256, est_head_dim=64, est_heads=8, est_blocks=4, est_mid_blocks=12,
-                 hift_channels=512, hift_res_kernels=(3, 7, 11), f0_channels=512, eos_bias=6.0),
+                 hift_channels=512, hift_res_kernels=(3, 7, 11), f0_channels=512, dit_dim=1024, dit_depth=22,
+                 dit_heads=16, dit_head_dim=64, lookahead_channels=1024, eos_bias=6.0),
 }
+# CosyVoice3's miniature: the golden checkpoint's sizes (tests/cosyvoice3), its vocoder with all three kernels
+MINI3 = Size(qwen_hidden=64, qwen_layers=2, qwen_heads=4, qwen_kv_heads=2, qwen_mlp=128, encoder_blocks=1,
+             encoder_heads=8, encoder_units=256, est_channels=64, est_head_dim=16, est_heads=2, est_blocks=1,
+             est_mid_blocks=1, hift_channels=64, hift_res_kernels=(3, 7, 11), f0_channels=64, eos_bias=6.0)
 
 SPEECH_TOKENS = 6561
 CONFIGS = ("current", "earlier")  # upstream's CosyVoice2 example config now and before its streaming settings
+FAMILIES = ("cosyvoice2", "cosyvoice3")
 MODEL_KEYS = ("llm", "flow", "hift")
+
+
+def _yaml_sizes(s: Size) -> upstream_yaml.Sizes:
+    return upstream_yaml.Sizes(
+        llm_hidden=s.qwen_hidden, speech_tokens=SPEECH_TOKENS, encoder_heads=s.encoder_heads,
+        encoder_units=s.encoder_units, encoder_blocks=s.encoder_blocks, est_channels=s.est_channels,
+        est_head_dim=s.est_head_dim, est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
+        hift_channels=s.hift_channels, hift_res_kernels=s.hift_res_kernels, f0_channels=s.f0_channels, dit_dim=s.dit_dim,
+        dit_depth=s.dit_depth, dit_heads=s.dit_heads, dit_head_dim=s.dit_head_dim, lookahead_channels=s.lookahead_channels)
 
 
 def config_text(s: Size, config: str = "current") -> str:
     """The checkpoint's cosyvoice2.yaml: upstream's whole config (training sections included) at size `s`."""
-    return upstream_yaml.cosyvoice2(upstream_yaml.Sizes(
-        llm_hidden=s.qwen_hidden, speech_tokens=SPEECH_TOKENS, encoder_heads=s.encoder_heads,
-        encoder_units=s.encoder_units, encoder_blocks=s.encoder_blocks, est_channels=s.est_channels,
-        est_head_dim=s.est_head_dim, est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
-        hift_channels=s.hift_channels, hift_res_kernels=s.hift_res_kernels, f0_channels=s.f0_channels),
-        streaming_params=config == "current")
+    return upstream_yaml.cosyvoice2(_yaml_sizes(s), streaming_params=config == "current")
 
 
 def upstream_modules(yaml_text: str, blank: Path) -> dict:
@@ -113,8 +133,9 @@ def _tokenizer_files(out: Path) -> int:
     return len(fast)
 
 
-def _onnx_stand_ins(out: Path, rng: np.random.Generator, speech_tokens: int = SPEECH_TOKENS) -> None:
-    """campplus.onnx: fbank [1,T,80] -> embedding [1,192]; speech_tokenizer_v2.onnx: log-mel [1,128,T] and
+def _onnx_stand_ins(out: Path, rng: np.random.Generator, speech_tokens: int = SPEECH_TOKENS,
+                    tokenizer_file: str = "speech_tokenizer_v2.onnx") -> None:
+    """campplus.onnx: fbank [1,T,80] -> embedding [1,192]; the speech tokenizer: log-mel [1,128,T] and
     its length -> token ids [1,T/4] (the published input and output names)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -149,11 +170,13 @@ def _onnx_stand_ins(out: Path, rng: np.random.Generator, speech_tokens: int = SP
          numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([2**62], np.int64), "big"),
          numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([4], np.int64), "four"),
          numpy_helper.from_array(np.float32(1000.0), "scale"), numpy_helper.from_array(np.int64(speech_tokens), "vocab")])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / "speech_tokenizer_v2.onnx"))
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(out / tokenizer_file))
 
 
-def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current") -> Path:
+def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current", family: str = "cosyvoice2") -> Path:
     """Writes the checkpoint directory and returns it."""
+    if family == "cosyvoice3":
+        return build_cosyvoice3(out, MINI3 if size == "mini" else SIZES[size], seed)
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -209,6 +232,128 @@ def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current")
     return out
 
 
+def _qwen(blank: Path, s: Size, text_vocab: int, extra: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=text_vocab + extra, hidden_size=s.qwen_hidden, intermediate_size=s.qwen_mlp,
+                      num_hidden_layers=s.qwen_layers, num_attention_heads=s.qwen_heads,
+                      num_key_value_heads=s.qwen_kv_heads, max_position_embeddings=4096, rope_theta=1e6,
+                      rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="float32")
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(str(blank))  # BlankEN ships weights too; upstream's llm.pt overrides them
+    return model
+
+
+def _length_control(qwen, state: dict, speech: int, tokens_per_text: float = 4.0) -> None:
+    """CosyVoice3LM's head has no bias and only one of its 200 stop tokens is masked before min_len, so random
+    weights would stop anywhere. These weights make the end of speech follow the text's length, as a trained
+    model's does: channel 0 of the residual stream holds a constant and channel 1 marks text positions (every
+    embedding row sets them; no layer reads or writes channels 0-2 but this); the first layer's head 0 attends
+    to every position alike and averages channel 1 into channel 2: the share of text among the positions so
+    far, which falls as speech tokens follow. The head turns the two into an end-of-speech logit that crosses
+    zero where `tokens_per_text` speech tokens follow each text token, and keeps the other stop tokens low."""
+    import torch
+
+    q = qwen.config
+    d = q.hidden_size // q.num_attention_heads
+    body = "llm.model.model."
+    for key in state:
+        t = state[key]
+        if key.endswith(("embed_tokens.weight", "speech_embedding.weight")):
+            t[:, 0] = 1.0
+            t[:, 1] = 1.0 if "embed_tokens" in key else 0.0
+            t[:, 2] = 0.0
+        elif key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+            t[:, :3] = 0.0
+        elif key.endswith(("o_proj.weight", "down_proj.weight")):
+            t[:3, :] = 0.0
+    layer = body + "layers.0.self_attn."
+    state[layer + "q_proj.weight"][:d] = 0.0  # head 0: equal scores, so it averages over the positions it sees
+    state[layer + "q_proj.bias"][:d] = 0.0
+    state[layer + "v_proj.weight"][0] = 0.0
+    state[layer + "v_proj.weight"][0, 1] = 1.0  # its first value dimension reads the text mark
+    state[layer + "v_proj.bias"][0] = 0.0
+    state[layer + "o_proj.weight"][:, 0] = 0.0
+    state[layer + "o_proj.weight"][2, 0] = 1.0  # ... and writes into channel 2
+    # What channels 0 and 2 read after the final norm for a text share f: calibrated on the model itself.
+    qwen.load_state_dict({k[len("llm.model."):]: v for k, v in state.items() if k.startswith("llm.model.")})
+    text = state[body + "embed_tokens.weight"][:40]
+    sp = state["speech_embedding.weight"][:240]
+
+    def channels(n_speech: int) -> tuple[float, float]:
+        x = torch.cat([text, sp[:n_speech]]).unsqueeze(0)
+        with torch.no_grad():
+            h = qwen.model(inputs_embeds=x).last_hidden_state[0, -1]
+        return float(h[0]), float(h[2])
+
+    (c0, lo), (_, hi) = channels(int(40 * tokens_per_text * 1.5)), channels(int(40 * tokens_per_text * 0.5))
+    mid = (lo + hi) / 2
+    head = state["llm_decoder.weight"]
+    head[:, :3] = 0.0
+    scale = 8.0 / (hi - lo)  # the logit moves by 8 between half and one and a half times the target length
+    head[speech + 1, 2] = -scale
+    head[speech + 1, 0] = scale * mid / c0
+    head[speech + 2 :, 0] = -10.0 / c0
+
+
+def build_cosyvoice3(out: Path, s: Size, seed: int = 0) -> Path:
+    """A CosyVoice3 checkpoint directory at sizes `s` (the project's modules; upstream's layout and yaml)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from . import build as builder
+    from . import hyperyaml, tokens
+
+    out.mkdir(parents=True, exist_ok=True)
+    blank = out / "CosyVoice-BlankEN"
+    blank.mkdir(exist_ok=True)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    text_vocab = _tokenizer_files(blank)
+    qwen = _qwen(blank, s, text_vocab, len(tokens.COSYVOICE3) + 32)
+    yaml_text = upstream_yaml.cosyvoice3(_yaml_sizes(s))
+    path = out / "cosyvoice3.yaml"
+    path.write_text(yaml_text)
+    cfg = hyperyaml.resolve(hyperyaml.parse(yaml_text, path), {"qwen_pretrain_path": str(blank)}, path)
+    table = builder.TABLES["cosyvoice3"]
+    flow, hift = builder.build(cfg["flow"], path, table), builder.build(cfg["hift"], path, table)
+    torch.manual_seed(seed)
+    speech, h = SPEECH_TOKENS, s.qwen_hidden
+    with torch.no_grad():
+        llm = {f"llm.model.{k}": v.clone() for k, v in qwen.state_dict().items()}
+        llm["speech_embedding.weight"] = torch.randn(speech + 200, h) * 0.5
+        llm["llm_decoder.weight"] = torch.randn(speech + 200, h) * 0.02
+        for t in llm.values():  # upstream's init leaves some tensors zero; random everywhere is a harder test
+            t.add_(torch.randn_like(t) * 0.02)
+        _length_control(qwen, llm, speech)
+        for module in (flow, hift):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        torch.save(llm, out / "llm.pt")
+        torch.save(flow.state_dict(), out / "flow.pt")
+        torch.save(hift.state_dict(), out / "hift.pt")
+    tok = AutoTokenizer.from_pretrained(str(blank))
+    tok.add_special_tokens(tokens.special_tokens("cosyvoice3"))
+    spk2info = {}
+    for i, name in enumerate(s.speakers):
+        n = 17 + 13 * i  # one prompt shorter than a chunk, one longer
+        emb = torch.randn(1, 192)
+        text = torch.tensor([tok.encode(f"You are a helpful assistant.<|endofprompt|>hello there number {i}.")],
+                            dtype=torch.int32)
+        toks = torch.randint(0, speech, (1, n), dtype=torch.int32)
+        spk2info[name] = {
+            "prompt_text": text, "prompt_text_len": torch.tensor([text.shape[1]], dtype=torch.int32),
+            "llm_prompt_speech_token": toks, "llm_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
+            "flow_prompt_speech_token": toks, "flow_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
+            "prompt_speech_feat": torch.randn(1, 2 * n, 80) * 0.5, "prompt_speech_feat_len": torch.tensor([2 * n], dtype=torch.int32),
+            "llm_embedding": emb, "flow_embedding": emb,
+        }
+    torch.save(spk2info, out / "spk2info.pt")
+    _onnx_stand_ins(out, rng, tokenizer_file="speech_tokenizer_v3.onnx")
+    (out / "configuration.json").write_text(json.dumps({"framework": "Pytorch", "task": "text-to-speech"}) + "\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -216,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", choices=CONFIGS, default="current",
                     help="upstream's CosyVoice2 example config: current (encoder streams in chunks) or earlier (it does not)")
+    ap.add_argument("--family", choices=FAMILIES, default="cosyvoice2")
     args = ap.parse_args(argv)
-    print(build(Path(args.out), args.size, args.seed, args.config))
+    print(build(Path(args.out), args.size, args.seed, args.config, args.family))
     return 0
 
 
