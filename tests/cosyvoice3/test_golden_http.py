@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 
 from cosyvoice_server.client.speech_stream import AudioChunk, connect, speak
+from cosyvoice_server.engine.pipeline import load_voice
+from cosyvoice_server.model.manifest import load_manifest
 from cosyvoice_server.voices import spectral
+
+API_KEY, REGISTRATION_KEY = "cv3-synthesis-key", "cv3-registration-key"
+SYNTH = {"Authorization": f"Bearer {API_KEY}"}
 
 PCM_TOL = 1.5 / 32768 + 2e-5  # the int16 step, and the float parity of the stages
 LOG_MEL_BUDGET = 0.002  # the golden README: what a correct server lands within (the nearest wrong variant: 0.009)
@@ -25,7 +30,11 @@ WHOLE = ("river_whole", "lamp_whole", "short_whole")
 
 @pytest.fixture(scope="module")
 def served(cv3_model, server_process, tmp_path_factory):
-    s = server_process(tmp_path_factory.mktemp("cv3-server"), "--model-dir", str(cv3_model)).wait_ready()
+    tmp = tmp_path_factory.mktemp("cv3-server")
+    s = server_process(tmp, "--model-dir", str(cv3_model), "--voice-store-dir", str(tmp / "store"),
+                       "--allow-voice-registration",
+                       env={"COSYVOICE_API_KEY": API_KEY, "COSYVOICE_VOICE_REGISTRATION_KEY": REGISTRATION_KEY}).wait_ready()
+    s.store = tmp / "store"
     yield s
     s.stop()
 
@@ -51,7 +60,7 @@ def body(case: dict, **extra) -> dict:
 @pytest.mark.parametrize("name", [*WHOLE, *STREAMED])
 def test_each_request_sounds_as_upstream(name, cases, served):
     c = cases[name]
-    r = httpx.post(served.url + "/v1/audio/speech", json=body(c), timeout=120)
+    r = httpx.post(served.url + "/v1/audio/speech", json=body(c), headers=SYNTH, timeout=120)
     assert r.status_code == 200, r.text
     compare(name, pcm(r.content), c["arrays"]["audio"].ravel())
 
@@ -62,7 +71,8 @@ def test_streamed_chunks_are_upstreams_chunks(name, cases, served):
     look-right: the chunk sizes upstream yields, one server-sent event each."""
     c = cases[name]
     sizes = []
-    with httpx.stream("POST", served.url + "/v1/audio/speech", json=body(c, stream_format="sse"), timeout=120) as r:
+    with httpx.stream("POST", served.url + "/v1/audio/speech", json=body(c, stream_format="sse"), headers=SYNTH,
+                      timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -76,7 +86,7 @@ def test_four_at_once_each_as_alone(cases, served):
     names = ["lamp_stream", "river_whole", "market_stream", "short_whole"]
 
     async def run():
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with httpx.AsyncClient(timeout=120, headers=SYNTH) as client:
             return await asyncio.gather(*(client.post(served.url + "/v1/audio/speech", json=body(cases[n]))
                                           for n in names))
 
@@ -89,7 +99,7 @@ def test_text_streamed_in_sounds_as_upstreams_bistream(cases, served):
     c = cases["river_bistream"]
 
     async def run() -> bytes:
-        async with await connect(served.url, voice=c["voice"], response_format="pcm") as stream:
+        async with await connect(served.url, voice=c["voice"], response_format="pcm", api_key=API_KEY) as stream:
             result = await speak(stream, c["text_pieces"])
         return result.audio
 
@@ -97,7 +107,7 @@ def test_text_streamed_in_sounds_as_upstreams_bistream(cases, served):
 
 
 def test_the_model_card_names_the_family_and_its_markup(served):
-    card = httpx.get(served.url + "/v1/models/tts-1", timeout=10).json()
+    card = httpx.get(served.url + "/v1/models/tts-1", headers=SYNTH, timeout=10).json()
     caps = card["capabilities"]
     assert caps["family"] == "CosyVoice3"
     assert {"[breath]", "[laughter]", "<strong>", "[AY1]", "[iā]"} <= set(caps["tags"])
@@ -109,10 +119,47 @@ def test_audio_chunks_arrive_as_the_client_reads_them(cases, served):
     c = cases["river_bistream"]
 
     async def run() -> list[int]:
-        async with await connect(served.url, voice=c["voice"], response_format="pcm") as stream:
+        async with await connect(served.url, voice=c["voice"], response_format="pcm", api_key=API_KEY) as stream:
             for piece in c["text_pieces"]:
                 await stream.append(piece)
             await stream.end()
             return [len(e.data) // 2 async for e in stream if isinstance(e, AudioChunk)]
 
     assert asyncio.run(run()) == c["chunks"]
+
+
+def test_a_voice_registered_from_a_clip_is_prompted_as_cosyvoice3(golden, cv3_model, served):
+    """The transcript follows the system prompt in the LLM's prompt text, the prompt mel is CosyVoice3's (the
+    whole band: feat_extractor's fmax null), and the voice speaks."""
+    import io
+
+    import soundfile as sf
+
+    with np.load(golden / "feat.npz") as f:
+        clip, feat = f["clip_24k"].ravel(), f["speech_feat"].reshape(-1, 80)
+    buf = io.BytesIO()
+    sf.write(buf, clip, 24000, format="WAV", subtype="FLOAT")
+    r = httpx.post(served.url + "/v1/audio/voices", data={"name": "rita", "transcript": "A clip of my voice."},
+                   files={"audio": ("clip.wav", buf.getvalue())},
+                   headers={"Authorization": f"Bearer {REGISTRATION_KEY}"}, timeout=60)
+    assert r.status_code == 201, r.text
+    m = load_manifest(cv3_model)
+    voice = load_voice(served.store / "voices" / "rita" / "voice.npz", m)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(cv3_model / "tokenizer.json"))
+    want = tok.encode("You are a helpful assistant.<|endofprompt|>A clip of my voice.", add_special_tokens=False).ids
+    assert list(voice.prompt_text_tokens) == want
+    n = len(voice.prompt_speech_tokens)
+    assert 0 < n and voice.prompt_mel.shape == (2 * n, 80)
+    assert np.abs(voice.prompt_mel - feat[: 2 * n]).max() < 1e-4
+    r = httpx.post(served.url + "/v1/audio/speech", headers=SYNTH, timeout=120,
+                   json={"model": "tts-1", "input": "Hello from a new voice.", "voice": "rita", "response_format": "pcm"})
+    assert r.status_code == 200 and len(r.content) > 0
+
+
+def test_instructions_are_followed_in_cosyvoice3s_format(served):
+    r = httpx.post(served.url + "/v1/audio/speech", headers=SYNTH, timeout=120,
+                   json={"model": "tts-1", "input": "good night.", "voice": "erin", "response_format": "pcm",
+                         "instructions": "Please speak slowly and warmly."})
+    assert r.status_code == 200 and len(r.content) > 0

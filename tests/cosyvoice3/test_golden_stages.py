@@ -31,6 +31,15 @@ def test_text_ids_with_markup_equal_upstreams(golden, cv3_pipeline):
         assert cv3_pipeline.frontend.encode(c["text"]) == c["ids"], c["text"]
 
 
+def test_an_instruction_is_upstreams_cosyvoice3_instruct_prompt(golden, cv3_pipeline):
+    """`instructions` become `You are a helpful assistant. <instruction><|endofprompt|>` (upstream's
+    instruct_list), the prompt text of upstream's inference_instruct2; one written in full is taken as it is."""
+    case = next(c for c in json.loads((golden / "tokenizer.json").read_text())["cases"] if "<|endofprompt|>" in c["text"])
+    fe = cv3_pipeline.frontend
+    assert fe.instruction_tokens("Please speak slowly and warmly.") == case["ids"]
+    assert fe.instruction_tokens(case["text"]) == case["ids"]
+
+
 def test_text_given_to_the_llm_is_upstreams(cases, cv3_pipeline):
     """The request's text ids and each voice's prompt text (system prompt and <|endofprompt|> included)."""
     for c in cases.values():
