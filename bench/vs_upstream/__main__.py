@@ -1,11 +1,14 @@
-"""The server against upstream CosyVoice2's own PyTorch inference at CosyVoice2-0.5B's real sizes, in one run.
+"""The server against upstream's own PyTorch inference at the released models' real sizes, in one run.
 
     .venv/bin/python -m bench.vs_upstream [--work-dir /tmp/cosyvoice-vs-upstream] [--concurrency 1,4,8] [--rounds 1]
-    make bench-upstream
+    .venv/bin/python -m bench.vs_upstream --family cosyvoice3 --upstream ~/src/CosyVoice   # a git clone of upstream
+    make bench-upstream [BENCH_ARGS='--family cosyvoice3 --upstream ~/src/CosyVoice']
 
-It builds the real-size random-weight checkpoint with upstream's classes (convert/miniature.py --size full),
-converts it, and serves the same weights twice: `cosyvoice-server serve` (each --variant: its extra server
-flags) and upstream_server.py (upstream's inference, one model, a thread per request). Every concurrency
+It builds the real-size random-weight checkpoint (convert/miniature.py --size full: CosyVoice2-0.5B's sizes
+with upstream's classes, or Fun-CosyVoice3-0.5B's with the project's), converts it, and serves the same weights
+twice: `cosyvoice-server serve` (each --variant: its extra server flags) and upstream's inference, one model, a
+thread per request (upstream_server.py for CosyVoice2, from the `cosyvoice-minicpmo` package;
+upstream3_server.py for CosyVoice3, from the checkout given with --upstream, which needs x-transformers). Every concurrency
 level runs each system in turn, in an order that alternates per round, with the same sentences and voice:
 streamed requests in a closed loop (`--requests` per client), with the model's default voice or, with
 `--prompt-seconds`, a zero-shot voice with that much prompt speech (CosyVoice2's usual mode; added to both). Reported per system and level: audio seconds per
@@ -47,12 +50,13 @@ SENTENCES = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-def build(work: Path) -> tuple[Path, Path]:
+def build(work: Path, family: str = "cosyvoice2") -> tuple[Path, Path]:
     """The real-size checkpoint and its conversion (kept in --work-dir between runs)."""
     ckpt, model = work / "ckpt", work / "model"
     py = sys.executable
     if not (ckpt / "flow.pt").is_file():
-        subprocess.run([py, "-m", "cosyvoice_server.convert.miniature", "--out", str(ckpt), "--size", "full"], check=True)
+        subprocess.run([py, "-m", "cosyvoice_server.convert.miniature", "--out", str(ckpt), "--size", "full",
+                        "--family", family], check=True)
     if not (model / "model.yaml").is_file():
         subprocess.run([py, "-m", "cosyvoice_server.cli", "convert", "--checkpoint", str(ckpt), "--out", str(model)],
                        check=True)
@@ -65,6 +69,8 @@ def add_prompt_voice(ckpt: Path, model: Path, name: str, seconds: float) -> None
     import torch
 
     from cosyvoice_server.engine.pipeline import Voice, save_voice
+    from cosyvoice_server.frontend import TextFrontend
+    from cosyvoice_server.model.manifest import load_manifest
 
     voices = model / "voices" / f"{name}.npz"
     info = torch.load(ckpt / "spk2info.pt", weights_only=True)
@@ -73,7 +79,9 @@ def add_prompt_voice(ckpt: Path, model: Path, name: str, seconds: float) -> None
     rng = np.random.default_rng(len(name))
     n = int(seconds * 25)  # speech tokens per second
     tokens = rng.integers(0, 6561, n).astype(np.int64)
-    text = rng.integers(0, 200, 12).astype(np.int64)
+    # the transcript as the model's prompt text (CosyVoice3's after its system prompt, as upstream registers one)
+    text = np.asarray(TextFrontend.of_model(model, load_manifest(model).frontend).prompt_tokens(
+        "A voice prompt of a few words."), np.int64)
     mel = (rng.standard_normal((2 * n, 80)) * 0.5).astype(np.float32)
     emb = rng.standard_normal(192).astype(np.float32)
     t = lambda a: torch.from_numpy(a.astype(np.int32))[None]  # noqa: E731
@@ -188,10 +196,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="speak with a zero-shot voice with this much prompt speech (0: the model's default voice, "
                          "an SFT speaker without prompt speech)")
     ap.add_argument("--upstream-threads", type=int, default=0, help="torch threads upstream uses (0: every core)")
+    ap.add_argument("--family", choices=("cosyvoice2", "cosyvoice3"), default="cosyvoice2")
+    ap.add_argument("--upstream", type=Path, help="cosyvoice3: a checkout of FunAudioLLM/CosyVoice (git clone)")
     ap.add_argument("--out", type=Path, help="results JSON (default: WORK_DIR/results.json)")
     args = ap.parse_args(argv)
+    if args.family == "cosyvoice3" and args.upstream is None:
+        ap.error("--family cosyvoice3 needs --upstream: a checkout of FunAudioLLM/CosyVoice (no package ships "
+                 "upstream's CosyVoice3 code)")
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    ckpt, model = build(args.work_dir)
+    ckpt, model = build(args.work_dir, args.family)
     voice = None
     if args.prompt_seconds:
         voice = f"prompt{args.prompt_seconds:g}s"
@@ -208,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                                          *shlex.split(flags)],
                                   port, args.work_dir / f"{name}.log").wait())
         port = free_port()
-        systems.append(Served("upstream", [py, "-m", "bench.vs_upstream.upstream_server", "--checkpoint", str(ckpt),
-                                           "--model-dir", str(model), "--port", str(port),
-                                           "--threads", str(args.upstream_threads)],
+        ref = (["bench.vs_upstream.upstream3_server", "--upstream", str(args.upstream)] if args.family == "cosyvoice3"
+               else ["bench.vs_upstream.upstream_server"])
+        systems.append(Served("upstream", [py, "-m", *ref, "--checkpoint", str(ckpt), "--model-dir", str(model),
+                                           "--port", str(port), "--threads", str(args.upstream_threads)],
                               port, args.work_dir / "upstream.log").wait())
         for s in systems:  # one request each, so no system's first measured request pays lazy start-up work
             asyncio.run(level(s, 1, 1, 0, voice))  # (nor the voice's first use: the server keeps its prompt states)

@@ -116,8 +116,13 @@ _CORPUS = ("Hello world. This is a small test of speech synthesis, with numbers 
            "The quick brown fox jumps over the lazy dog? Streaming text to speech, chunk by chunk.")
 
 
-def _tokenizer_files(out: Path) -> int:
-    """A byte-level BPE tokenizer saved as Qwen2TokenizerFast files (vocab.json, merges.txt, tokenizer.json)."""
+QWEN_TEXT_TOKENS = 151643  # Qwen2.5's ordinary vocabulary: <|endoftext|> is 151643, <|endofprompt|> becomes 151646
+
+
+def _tokenizer_files(out: Path, pad_to: int | None = None) -> int:
+    """A byte-level BPE tokenizer saved as Qwen2TokenizerFast files (vocab.json, merges.txt, tokenizer.json).
+    `pad_to`: filler entries (never produced) bring the vocabulary to that size, so the special tokens get
+    Qwen2.5's ids, which upstream's CosyVoice3LM takes <|endofprompt|> to be (151646, hard-coded)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
@@ -125,10 +130,21 @@ def _tokenizer_files(out: Path) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"])
+                                  special_tokens=[] if pad_to else ["<|endoftext|>"])
     tok.train_from_iterator([_CORPUS] * 4, trainer)
+    specials = {}
+    if pad_to:
+        trained = json.loads(tok.to_str())["model"]
+        vocab = dict(trained["vocab"])
+        vocab |= {f"\u010a\u010a\u010afill{i}": i for i in range(len(vocab), pad_to)}
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+        padded = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        padded.pre_tokenizer, padded.decoder = tok.pre_tokenizer, tok.decoder
+        padded.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        tok = padded
+        specials = {"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}
     fast = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                              unk_token=None, bos_token=None)
+                              unk_token=None, bos_token=None, **specials)
     fast.save_pretrained(str(out))
     return len(fast)
 
@@ -309,8 +325,8 @@ def build_cosyvoice3(out: Path, s: Size, seed: int = 0) -> Path:
     blank.mkdir(exist_ok=True)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    text_vocab = _tokenizer_files(blank)
-    qwen = _qwen(blank, s, text_vocab, len(tokens.COSYVOICE3) + 32)
+    text_vocab = _tokenizer_files(blank, pad_to=QWEN_TEXT_TOKENS)
+    qwen = _qwen(blank, s, text_vocab, 151936 - text_vocab)  # Qwen2.5's embedding rows, as upstream's checkpoints
     yaml_text = upstream_yaml.cosyvoice3(_yaml_sizes(s))
     path = out / "cosyvoice3.yaml"
     path.write_text(yaml_text)
@@ -320,10 +336,10 @@ def build_cosyvoice3(out: Path, s: Size, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     speech, h = SPEECH_TOKENS, s.qwen_hidden
     with torch.no_grad():
-        llm = {f"llm.model.{k}": v.clone() for k, v in qwen.state_dict().items()}
+        llm = {f"llm.model.{k}": v for k, v in qwen.state_dict().items()}  # lm_head shares embed_tokens' storage
         llm["speech_embedding.weight"] = torch.randn(speech + 200, h) * 0.5
         llm["llm_decoder.weight"] = torch.randn(speech + 200, h) * 0.02
-        for t in llm.values():  # upstream's init leaves some tensors zero; random everywhere is a harder test
+        for t in {t.data_ptr(): t for t in llm.values()}.values():  # random everywhere is a harder test
             t.add_(torch.randn_like(t) * 0.02)
         _length_control(qwen, llm, speech)
         for module in (flow, hift):

@@ -40,8 +40,8 @@ def _not_here(what: str):
     return fail
 
 
-def load() -> None:
-    """Makes `import cosyvoice...` work for the inference classes; raises UpstreamMissing with the install hint."""
+def stub_matcha() -> None:
+    """Stands in for `matcha.utils` (training utilities) before upstream's flow matching imports `matcha`."""
     if "matcha.utils.pylogger" not in sys.modules:
         try:
             import matcha  # noqa: F401  (the package, not its utils)
@@ -51,6 +51,11 @@ def load() -> None:
         utils.__path__ = []  # a package, so `matcha.utils.pylogger` resolves to the module below
         sys.modules["matcha.utils"] = utils
         sys.modules["matcha.utils.pylogger"] = _module("matcha.utils.pylogger", get_pylogger=logging.getLogger)
+
+
+def load() -> None:
+    """Makes `import cosyvoice...` work for the inference classes; raises UpstreamMissing with the install hint."""
+    stub_matcha()
     if "cosyvoice.utils.file_utils" not in sys.modules:
         sys.modules["cosyvoice.utils.file_utils"] = _module(
             "cosyvoice.utils.file_utils", logging=logging,
