@@ -101,7 +101,7 @@ mutation: install-test
 	nice -n 15 $(PY) -m tools.mutation $(MUTATION_ARGS)
 
 serve: install
-	$(VENV)/bin/cosyvoice-server serve --device cpu
+	$(VENV)/bin/cosyvoice-server serve --device cpu --playground
 
 doctor: install
 	$(VENV)/bin/cosyvoice-server doctor

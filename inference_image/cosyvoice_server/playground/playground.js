@@ -15,8 +15,8 @@
     http: "POST /v1/audio/speech as server-sent events: audio arrives as it is generated.",
     ws: "One WebSocket session: the text goes at once, audio frames come back as it is spoken. Streamed text " +
         "takes no speed.",
-    live: "A WebSocket session fed as you type: each sentence is spoken once it ends, or on Flush; End input " +
-          "finishes it.",
+    live: "A WebSocket session fed as you type: words are spoken as they arrive, Flush ends a thought (what was " +
+          "typed is spoken completely now), End input finishes the session.",
   };
 
   let key = "";
