@@ -211,7 +211,9 @@ def test_a_sentence_is_spoken_and_played_as_it_streams(page, via: str, fmt: str)
     page.start(via, fmt, "" if via == "live" else SENTENCE)
     if via == "live":  # the text goes as it is typed, a character per append
         page.wait(lambda: page.data("speak", "state") == "streaming", "the session to open")
-        page.el("text").send_keys(SENTENCE + " And on")
+        page.el("text").send_keys(SENTENCE)
+        page.el("flush").click()  # the end of a thought: a segment of its own
+        page.el("text").send_keys(" And on")
         page.el("end").click()
     stats = page.finished()
     assert stats["state"] == "done", page.el("speak-error").text
@@ -222,10 +224,18 @@ def test_a_sentence_is_spoken_and_played_as_it_streams(page, via: str, fmt: str)
     assert float(played["playedSeconds"]) == pytest.approx(float(stats["audioSeconds"]),
                                                            abs=0.01 if fmt in ("pcm", "wav") else 0.05)
     if via == "live":
-        assert stats["rtf"] == "" and int(stats["segments"]) >= 1  # speech.segment.done for each segment
+        assert stats["rtf"] == "" and int(stats["segments"]) == 2  # speech.segment.done for each segment
     else:
         assert 0 < float(stats["rtf"]) < 1
     assert page.el("download").get_attribute("download") == f"speech.{fmt}"
+
+
+def test_stop_ends_a_session(page) -> None:
+    page.start("live", "pcm", "")
+    page.wait(lambda: page.data("speak", "state") == "streaming", "the session to open")
+    page.el("stop").click()
+    assert page.finished()["state"] == "stopped"
+    assert page.el("speak-button").is_enabled() and not page.el("end").is_displayed()
 
 
 def test_the_servers_refusals_are_shown_in_its_words(page, server) -> None:

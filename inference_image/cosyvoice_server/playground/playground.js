@@ -77,10 +77,11 @@
     }
   }
 
+  // Options from [value, label] pairs; the first of `preferred` that is among them stays selected.
   function fillSelect(select, entries, preferred) {
-    const keep = preferred ?? select.value;
     select.replaceChildren(...entries.map(([value, label]) => new Option(label, value)));
-    if (entries.some(([value]) => value === keep)) select.value = keep;
+    const keep = preferred.find((value) => entries.some(([v]) => v === value));
+    if (keep !== undefined) select.value = keep;
   }
 
   // The audio clock. Made (or resumed) inside a click: browsers start audio only after a gesture.
@@ -135,8 +136,7 @@
     showError($("key-error"), null);
     $("key-status").textContent = key ? "Key accepted. Kept in this tab's memory only." : $("key-status").textContent;
     models = list.data;
-    fillSelect($("model"), models.map((m) => [m.id, m.id]));
-    document.body.dataset.connected = "true";
+    fillSelect($("model"), models.map((m) => [m.id, m.id]), [$("model").value]);
     modelChanged();
     await loadVoices();
   }
@@ -156,7 +156,7 @@
     const via = transport();
     const formats = via === "http" ? capabilities()?.response_formats ?? [] : WS_FORMATS;
     fillSelect($("format"), formats.map((f) => [f, PLAYED_AS_THEY_ARRIVE.has(f) ? f : `${f} (plays once complete)`]),
-               $("format").value || "wav");
+               [$("format").value, "wav"]);
     $("speed").disabled = via !== "http";
     $("transport-hint").textContent = HINTS[via];
     $("speak-button").textContent = via === "live" ? "Start session" : "Speak";
@@ -178,7 +178,7 @@
     }
     showError($("voices-error"), null);
     fillSelect($("voice"), list.voices.map((v) => [v.id, v.type === "registered" ? `${v.id} (registered)` : v.id]),
-               select ?? ($("voice").value || list.default));
+               [select, $("voice").value, list.default]);
     const rows = list.voices.map((v) => {
       const row = document.createElement("tr");
       row.dataset.voice = v.id;
@@ -422,7 +422,10 @@
       this.state = "finishing";
       const result = this.reader ? wavBlob(this.samples, this.reader.rate) : new Blob(this.received,
                                                                                     {type: MEDIA_TYPES[this.format]});
-      if (!this.reader) this.audioSeconds = await decodedSeconds(result) ?? 0;
+      if (!this.reader) {
+        this.audioSeconds = await decodedSeconds(result) ?? 0;
+        if (this.ended) return;  // stopped meanwhile
+      }
       if (this.via !== "live" && this.audioSeconds > 0 && this.lastAt !== null) {
         this.rtf = (this.lastAt - this.t0) / 1000 / this.audioSeconds;
       }
@@ -442,10 +445,11 @@
       this.finish("error");
     }
 
+    // Stops the stream and what is still to play of it.
     stop() {
-      if (this.ended) return;
       this.player.stop();
-      this.finish("stopped");
+      if (this.ended) this.render();
+      else this.finish("stopped");
     }
 
     finish(state) {
@@ -461,10 +465,10 @@
       const ttfa = this.firstAt === null ? null : this.firstAt - this.t0;
       const played = this.reader ? this.player.played : this.resultPlayed;
       const playing = this.reader ? this.player.sources.size > 0 : false;
+      const playback = playing ? "playing" : played === 0 ? "" : this.ended ? "ended" : "waiting";
       Object.assign(panel.dataset, {
-        state: this.state, transport: this.via, format: this.format, bytes: String(this.bytes),
-        audioSeconds: this.audioSeconds.toFixed(3), playedSeconds: played.toFixed(3),
-        playback: playing ? "playing" : played > 0 ? "ended" : "", ttfaMs: ttfa === null ? "" : ttfa.toFixed(1),
+        state: this.state, bytes: String(this.bytes), audioSeconds: this.audioSeconds.toFixed(3),
+        playedSeconds: played.toFixed(3), playback, ttfaMs: ttfa === null ? "" : ttfa.toFixed(1),
         rtf: this.rtf === null ? "" : this.rtf.toFixed(3), segments: String(this.segments),
         gaps: String(this.player.gaps),
       });
@@ -474,6 +478,7 @@
       $("audio-seconds").textContent = this.audioSeconds ? seconds(this.audioSeconds) : "—";
       $("bytes").textContent = this.bytes ? size(this.bytes) : "—";
       $("gaps").textContent = this.reader && this.bytes ? String(this.player.gaps) : "—";
+      if (this.ended) $("stop").disabled = !playing;  // Stop also silences what is still to play
     }
   }
 
@@ -665,7 +670,7 @@
       showError($("speak-error"), new Error("Not connected to the server yet."));
       return;
     }
-    run?.stop();
+    run?.stop();  // and its audio
     const options = {model: $("model").value, voice: $("voice").value, format: $("format").value,
                      speed: Number($("speed").value), instructions: $("instructions-row").hidden ? ""
                                                                                      : $("instructions").value.trim()};
@@ -700,6 +705,8 @@
       return;
     }
     const ctx = audio();
+    const button = $("record");
+    button.disabled = true;  // until the microphone answers
     let stream;
     try {
       // the voice as the microphone hears it: no processing that would change its timbre
@@ -711,6 +718,8 @@
       showError($("clone-error"), new Error(`The microphone is not available: ${e.message}`));
       stream?.getTracks().forEach((track) => track.stop());
       return;
+    } finally {
+      button.disabled = false;
     }
     const source = ctx.createMediaStreamSource(stream);
     const node = new AudioWorkletNode(ctx, "recorder", {numberOfOutputs: 0});
