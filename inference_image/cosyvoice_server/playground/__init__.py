@@ -21,7 +21,7 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Permissions-Policy": "microphone=(self)",
-    "Cache-Control": "no-cache",  # revalidated, so an upgraded server serves its own page
+    "Cache-Control": "no-cache",  # fetched afresh (a few KB), so an upgraded server serves its own page
 }
 
 
