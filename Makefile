@@ -37,11 +37,14 @@ $(TEST_STAMP): $(STAMP) requirements-test.txt
 	$(PIP) install -q -r requirements-test.txt
 	touch $@
 
-# Debian packages the integration tests run for real (Prometheus and promtool).
+# Debian packages the integration tests run for real: Prometheus and promtool, and headless Chromium with its
+# WebDriver for the playground's browser test (each package installed only when its command is missing).
+SYSTEM_DEPS := prometheus:prometheus chromium:chromium chromedriver:chromium-driver
 system-deps:
-	@if ! command -v prometheus >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
-		else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; fi; \
+	@missing="$(foreach d,$(SYSTEM_DEPS),$$(command -v $(word 1,$(subst :, ,$(d))) >/dev/null 2>&1 || echo $(word 2,$(subst :, ,$(d)))))"; \
+	if [ -n "$$(echo $$missing)" ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
 	fi
 
 # S3/GCS clients and emulators for the fetch tests, outside the venv's site-packages (see the file).
@@ -98,7 +101,7 @@ mutation: install-test
 	nice -n 15 $(PY) -m tools.mutation $(MUTATION_ARGS)
 
 serve: install
-	$(VENV)/bin/cosyvoice-server serve --device cpu
+	$(VENV)/bin/cosyvoice-server serve --device cpu --playground
 
 doctor: install
 	$(VENV)/bin/cosyvoice-server doctor

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from threadpoolctl import threadpool_limits
 
-from . import __version__
+from . import __version__, playground
 from .api import errors
 from .api.auth import require_api_key
 from .api.openai import router
@@ -94,6 +94,8 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     app.include_router(stream_router)
     if settings.docs:
         _add_documents(app)
+    if settings.playground:
+        playground.install(app)
 
     @app.get("/healthz", tags=["probes"])
     async def healthz() -> JSONResponse:

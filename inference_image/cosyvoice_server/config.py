@@ -109,6 +109,10 @@ class Settings(BaseModel):
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")
+    playground: bool = Field(False, description="serve the browser playground at /playground (and redirect / to it): "
+                             "a page that lists the voices, speaks over HTTP and the WebSocket stream, and clones "
+                             "voices, through the same API, keys and limits as any client. Its WebSocket sessions "
+                             "pass the Origin policy because their Origin is the host they connect to")
     device_id: int = Field(0, ge=0, description="CUDA device ordinal (a MIG slice is always 0 inside its container)")
     gpu_mem_limit_bytes: int | None = Field(None, ge=0, description="ONNX Runtime CUDA arena limit")
     text_workers: int = Field(2, ge=1, le=64, description="processes that normalize and split request text (wetext), "

@@ -55,3 +55,19 @@ def origin_allowed(values: list[str], allowed: frozenset[str]) -> bool:
         return True
     key = origin_key(values[0])
     return key is not None and key in allowed
+
+
+def is_own_origin(values: list[str], host: str | None) -> bool:
+    """Whether a handshake's one `Origin` is the host it was sent to, i.e. the page that opens it was served
+    from this server's own address (the playground). A page elsewhere cannot make a browser send that pair:
+    the browser writes both headers. The scheme is not compared: behind a TLS-terminating proxy the page is
+    https while the server sees plain HTTP."""
+    if len(values) != 1 or not host:
+        return False
+    key = origin_key(values[0])
+    if key is None:
+        return False
+    scheme, _, authority = key.partition("://")
+    default_port = f":{_DEFAULT_PORTS[scheme]}"
+    host = host.strip().lower()
+    return authority == (host[:-len(default_port)] if host.endswith(default_port) else host)

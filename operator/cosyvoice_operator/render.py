@@ -181,6 +181,8 @@ def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
         settings["allow_voice_registration"] = "true"
     if voices.registration.key_secret is not None:
         settings["voice_registration_key_file"] = REGISTRATION_KEY_FILE
+    if spec.playground.enabled:
+        settings["playground"] = "true"
     # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
     values = {"HOME": TMP_MOUNT, **{setting_env(name): str(value) for name, value in settings.items()}}
     env: list[Obj] = [{"name": k, "value": v} for k, v in values.items()]

@@ -371,6 +371,11 @@ class ServiceSpec(_Model):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+class Playground(_Model):
+    """The browser playground the server serves at /playground (its setting `playground`)."""
+    enabled: bool = False
+
+
 def _is_zero(value: int | str) -> bool:
     return value == 0 or value == "0%"
 
@@ -493,6 +498,7 @@ class CosyVoiceServiceSpec(_Model):
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     pod_labels: dict[str, str] = Field(default_factory=dict)
     service: ServiceSpec = Field(default_factory=ServiceSpec)
+    playground: Playground = Field(default_factory=Playground)
     rollout: Rollout = Field(default_factory=Rollout)
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     monitoring: Monitoring = Field(default_factory=Monitoring)

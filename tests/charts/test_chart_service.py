@@ -59,3 +59,14 @@ def test_the_voice_store_claim_is_shared_kept_and_wired_into_the_spec(helm: Helm
     docs = helm.render(SERVICE_CHART, {"spec": own, "voiceStore": {"create": True}}, namespace="tts")
     assert next(d for d in docs if d["kind"] == "CosyVoiceService")["spec"] == own
     assert [d["kind"] for d in helm.render(SERVICE_CHART, {"spec": own})] == ["CosyVoiceService"]
+
+
+def test_the_notes_say_how_to_reach_the_playground_when_it_is_on(helm: Helm) -> None:
+    def notes(spec: dict) -> str:
+        done = helm.run("install", "cv", str(SERVICE_CHART), "--dry-run=client", "--namespace", "tts",
+                        values={"spec": spec})
+        return done.stdout.partition("NOTES:")[2]
+
+    assert "playground" not in notes({})
+    on = notes({"playground": {"enabled": True}, "service": {"port": 9000}})
+    assert "kubectl -n tts port-forward svc/cv 8000:9000" in on and "http://localhost:8000/" in on

@@ -68,6 +68,23 @@ def test_a_spec_without_server_fields_runs_the_server_with_its_own_defaults(
         assert getattr(served, field.setting) == Settings.model_fields[field.setting].default, field.path
 
 
+@pytest.mark.parametrize("spec, served", [({}, False), ({"playground": {"enabled": False}}, False),
+                                         ({"playground": {"enabled": True}}, True)])
+def test_spec_playground_is_the_servers_playground_setting(crd: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                           spec: dict[str, Any], served: bool) -> None:
+    """Off unless the CR turns it on, as the server's own default; the CRD's default reads the same."""
+    defaulted, errors = admit(crd, {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
+                                    "metadata": {"name": "tts"}, "spec": spec})
+    assert errors == [] and defaulted["spec"]["playground"]["enabled"] is served
+    for name in list(os.environ):
+        if name.startswith("COSYVOICE_"):
+            monkeypatch.delenv(name)
+    for name, value in _env(defaulted["spec"]).items():
+        monkeypatch.setenv(name, value)
+    assert from_env_and_args({}).playground is served
+    assert Settings.model_fields["playground"].default is False
+
+
 FULL = {"gpu": {"migProfile": "1g.10gb"}, "storage": {"storageUri": "s3://bucket/model.tar.gz"},
         "apiKeySecret": {"name": "key", "key": "token"}, "precision": "fp16", "servedModelName": "cv2"}
 

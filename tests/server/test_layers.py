@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("scheduling", frozenset({"scheduling"})),
     ("state", frozenset({"state"})),
     ("front door", frozenset({"synthesis", "timeouts"})),
-    ("protocols", frozenset({"api"})),
+    ("protocols", frozenset({"api", "playground"})),
     ("application", frozenset({"app", "server"})),
     ("entry points", frozenset({"cli", "demo", "client"})),
 )
@@ -47,9 +47,9 @@ def imports(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             target = base + (node.module.split(".") if node.module else [])
-            # `from . import x`: x is a module of the package, or a name defined in its __init__
-            names = [target + [a.name] for a in node.names if _is_module(target + [a.name])]
-            targets = names or [target]
+            # `from . import x, y`: each a module of the package, or a name defined in its __init__
+            modules = [target + [a.name] for a in node.names if _is_module(target + [a.name])]
+            targets = modules + ([target] if len(modules) < len(node.names) else [])
         elif isinstance(node, ast.Import):
             targets = [a.name.split(".") for a in node.names]
         else:

@@ -28,7 +28,7 @@ from starlette.websockets import WebSocketDisconnect
 from .. import synthesis
 from ..audio import FORMATS, StreamEncoder, StreamResampler
 from ..frontend import speakable
-from ..origins import origin_allowed
+from ..origins import is_own_origin, origin_allowed
 from ..refusals import BAD_KEY, INTERNAL, Refusal
 from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
@@ -86,7 +86,8 @@ async def _deny(ws: WebSocket, refusal: Refusal) -> None:
 def _check_handshake(ws: WebSocket, s: ServerState) -> Refusal | str:
     """The refusal of this handshake, or the client it comes from (for the per-client cap)."""
     origins = ws.headers.getlist("origin")
-    if not origin_allowed(origins, s.settings.allowed_origins()):
+    own = s.settings.playground and is_own_origin(origins, ws.headers.get("host"))
+    if not (own or origin_allowed(origins, s.settings.allowed_origins())):
         return origin_refusal(", ".join(origins))
     keys = [k.current() for k in (s.api_key, s.registration_key) if k is not None] if s.api_key is not None else []
     if not authorized(ws, keys):
