@@ -26,7 +26,7 @@ INVALID_REASONS = frozenset({"InvalidSpec", "UnknownField", "ChildConflict", "Po
 _BAD_WAITING = frozenset(_PROBLEM_ORDER) - {"Unschedulable", "ModelFetchFailed", "OOMKilled", "Evicted"}
 DEMO_MODEL_MESSAGE = ("no spec.storage: the pods serve the image's bundled demo model, whose random weights make "
                       "noise rather than speech (for smoke tests); set spec.storage.pvc or spec.storage.storageUri "
-                      "to serve CosyVoice2")
+                      "to serve a converted CosyVoice2 or CosyVoice3 model")
 
 
 @dataclass(frozen=True)
