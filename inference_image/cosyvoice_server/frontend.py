@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from .pronunciation.phones import PhoneSet, is_phone
 from .pronunciation.plan import Pause, Plan, Run
 
 _SPACE = re.compile(r"\s+")
@@ -272,9 +273,15 @@ class TextFrontend:
     @property
     def markup_tags(self) -> list[str]:
         """The tokenizer's special tokens a text may contain to be voiced (`[breath]`, `<strong>`...): its added
-        tokens less the chat and prompt structure (`<|...|>`), in vocabulary order."""
+        tokens less the chat and prompt structure (`<|...|>`) and phones (`phones`), in vocabulary order."""
         added = sorted(self.tokenizer.get_added_tokens_decoder().items())
-        return [t.content for _, t in added if not (t.content.startswith("<|") and t.content.endswith("|>"))]
+        return [t.content for _, t in added
+                if not (t.content.startswith("<|") and t.content.endswith("|>")) and not is_phone(t.content)]
+
+    @cached_property
+    def phones(self) -> PhoneSet:
+        """The phone alphabets and tokens this model's tokenizer holds (pronunciation/phones.py)."""
+        return PhoneSet.of(self.tokenizer)
 
     def instruction_tokens(self, instruction: str) -> list[int]:
         """Upstream's instruct2 prompt text: the instruction as written (not normalized, as upstream) ending

@@ -77,9 +77,9 @@ class PhoneSet:
         if alphabet not in ALPHABETS:
             raise PronunciationError(f"the alphabet '{alphabet}' is not one this server reads (ipa, x-cmu, x-pinyin)")
         if alphabet not in self.alphabets:
-            took = ", ".join(self.alphabets) or "none: it has no phone tokens"
-            raise PronunciationError(f"this model cannot take '{alphabet}' pronunciations (its tokenizer's phone "
-                                     f"alphabets: {took})")
+            took = f"its tokenizer's phone alphabets are {', '.join(self.alphabets)}" if self.alphabets else \
+                "its tokenizer has no phone tokens"
+            raise PronunciationError(f"this model cannot take '{alphabet}' pronunciations ({took})")
         phones = {"ipa": ipa_to_cmu, "x-cmu": cmu_phones, "x-pinyin": pinyin_phones}[alphabet](ph)
         if not phones:
             raise PronunciationError("the pronunciation is empty")
@@ -177,3 +177,20 @@ def pinyin_phones(ph: str) -> list[str]:
             final = final.replace("ü", "u")
         out += ([initial] if initial else []) + [_marked(final, tone)]
     return out
+
+
+# Pinyin finals as written (ü after l and n, u after j, q, x and y), without tones.
+PINYIN_FINALS = frozenset("a o e ai ei ao ou an en ang eng ong er i ia ie iao iu ian in iang ing iong u ua uo uai ui "
+                          "uan un uang ueng ü üe üan ün ue ve v".split())
+
+
+def is_phone(token: str) -> bool:
+    """A tokenizer's added token that is a phone of one of the alphabets (`[AY1]`, `[j]`, `[iā]`), not a tag."""
+    if not (token.startswith("[") and token.endswith("]")):
+        return False
+    inner = token[1:-1]
+    base = inner[:-1] if inner[-1:] in "012" else inner
+    if (base in CMU_VOWELS) or (inner in CMU_CONSONANTS) or inner in PINYIN_INITIALS:
+        return True
+    plain = "".join(_TONED[c][0] if c in _TONED else c for c in unicodedata.normalize("NFC", inner))
+    return plain in PINYIN_FINALS

@@ -37,7 +37,7 @@ from ..metrics import Metrics
 from ..streaming import Span, interpolate_mel, seam
 from .batching import StageQueue, WorkItem
 from .planning import Admission, ParkedView, RowView, admit, settle
-from .request import Done, Outcome, RequestPhase, SegmentDone, SynthesisRequest
+from .request import Done, Outcome, RequestPhase, SegmentDone, SegmentEnd, SynthesisRequest
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -612,8 +612,8 @@ class Scheduler:
         mel, cache_source = w.mel, np.zeros(0, np.float32)
         if cache is not None:
             mel, cache_source = np.concatenate([cache.mel, mel], axis=1), cache.source
-        elif w.segment_final and req.speed != 1.0:
-            mel = interpolate_mel(mel, req.speed)
+        elif w.segment_final and (speed := req.speed_at(req.vocoded_segments)) != 1.0:
+            mel = interpolate_mel(mel, speed)
         noise = req.vocoder_rng.standard_normal((mel.shape[1] * self.hop, self.p.vocoder.harmonics), np.float32)
         return VocoderInput(mel, noise, cache_source)
 
@@ -649,6 +649,9 @@ class Scheduler:
                     req.segment_samples += len(audio)
                     req.segment_first_audio_at = req.segment_first_audio_at or time.monotonic()
                 if w.segment_final:
+                    if w.usage is None and req.segment_marks:
+                        req.push_segment_done(SegmentEnd(req.vocoded_segments))
+                    req.vocoded_segments += 1
                     if w.usage is not None:
                         w.usage.audio_seconds = req.segment_samples / sr
                         w.usage.first_audio_at = req.segment_first_audio_at
