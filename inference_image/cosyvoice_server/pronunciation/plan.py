@@ -75,3 +75,41 @@ def rule_run(rule, matched: str, phones: PhoneSet) -> Run:
 def plain(text: str, matcher: Matcher | None, phones: PhoneSet, speed: float = 1.0) -> Plan:
     """Plain text input: one part."""
     return [Part(merged(apply_lexicons(text, matcher, phones)), speed)]
+
+
+class StreamLexicon:
+    """Lexicons over text that arrives in pieces (a WebSocket session): the same runs as `apply_lexicons` on the
+    whole text, whatever the pieces. The last `longest grapheme` characters are held back, since a later piece
+    could still make them part of a match or extend a word; `flush` releases them."""
+
+    def __init__(self, matcher: Matcher | None, phones: PhoneSet) -> None:
+        self.matcher = matcher
+        self.phones = phones
+        self.held = ""
+        self.before = ""  # the last character released: a match at the start of `held` must not continue a word
+
+    def push(self, text: str) -> list[Run]:
+        self.held += unicodedata.normalize("NFC", text)
+        return self._release(final=False)
+
+    def flush(self) -> list[Run]:
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> list[Run]:
+        text = self.held
+        if self.matcher is None or not self.matcher.rules:
+            self.held = ""
+            return [Run(text)] if text else []
+        cut = len(text) if final else max(0, len(text) - self.matcher.longest)
+        runs, pos, off = [], 0, len(self.before)
+        for m in self.matcher.matches(self.before + text, off):
+            start, end = m.start - off, m.end - off
+            if end > cut:  # may still change with more text: held back from its start
+                cut = min(cut, start)
+                break
+            runs += [Run(text[pos:start]), rule_run(m.rule, text[start:end], self.phones)]
+            pos = end
+        runs.append(Run(text[pos:cut]))
+        self.before = (self.before + text[:cut])[-1:]
+        self.held = text[cut:]
+        return list(merged(runs))

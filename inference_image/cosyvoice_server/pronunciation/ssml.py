@@ -27,7 +27,8 @@ from .xml import Parser, XmlError, local
 
 SSML_NS = "http://www.w3.org/2001/10/synthesis"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-MAX_SSML_CHARS = 32768
+MAX_SSML_CHARS = 32768  # one request's document
+MAX_STREAMED_SSML_CHARS = 1 << 26  # a WebSocket session's, over all its messages (each bounded by the body limit)
 MAX_DEPTH = 16
 MAX_BREAK_S = 10.0
 # SSML leaves the strengths' lengths to the processor; these are the common cloud services' (Azure's) values.
@@ -46,7 +47,7 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
 _CHINESE = re.compile(r"[\u4e00-\u9fff]")
 
 
-class SsmlError(ValueError):
+class SsmlError(XmlError):
     """The document is not SSML this server speaks; the message names the element and line."""
 
 
