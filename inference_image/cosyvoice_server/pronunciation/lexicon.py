@@ -64,7 +64,7 @@ class _PlsTarget:
         self.stack: list[str] = []
         self.text: list[str] = []
         self.lexemes: list[tuple[int, list[str], list[tuple[str, str, str | None, bool]]]] = []
-        self.root: dict[str, str] = {}
+        self.root: dict[str, str] | None = None
         self.attrib: dict[str, str] = {}
 
     def _fail(self, message: str, line: int):
@@ -115,7 +115,7 @@ def parse_pls(name: str, text: str) -> Lexicon:
         parse(text, target, MAX_LEXICON_CHARS, MAX_DEPTH, f"lexicon '{name}'")
     except XmlError as exc:
         raise LexiconError(f"lexicon '{name}': {exc}") from None
-    if not target.root:
+    if target.root is None:
         raise LexiconError(f"lexicon '{name}': the document is not a PLS <lexicon>")
     default_alphabet = target.root.get("alphabet")
     entries: dict[str, Rule] = {}
