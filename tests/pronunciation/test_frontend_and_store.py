@@ -3,13 +3,13 @@ lexicon directory as the kubelet updates a ConfigMap volume."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cosyvoice3 import build_tokenizer, upstream_ids
+from kubelet import kubelet_write
 from cosyvoice_server.config import BUNDLED_MODEL
 from cosyvoice_server.frontend import Spoken, TextFrontend
 from cosyvoice_server.lexicons import LexiconStore
@@ -87,19 +87,6 @@ def test_segments_tile_the_audio_with_breaks_in_place():
     assert len(silence) == 19200
     assert [(e["text"], e["start_s"], e["end_s"]) for e in events] == [
         ("Two, long.", 1.5, 1.625), ("", 1.625, 2.325), ("", 2.325, 2.425)]
-
-
-def kubelet_write(volume: Path, files: dict[str, str], generation: int) -> None:
-    """What the kubelet does to a ConfigMap volume: a new timestamped directory, then `..data` swapped to it."""
-    data = volume / f"..2026_01_01_00_00_{generation:02d}.000"
-    data.mkdir(parents=True)
-    for name, text in files.items():
-        (data / name).write_text(text)
-        if not (volume / name).is_symlink():
-            (volume / name).symlink_to(f"..data/{name}")
-    tmp = volume / "..data_tmp"
-    tmp.symlink_to(data.name)
-    os.replace(tmp, volume / "..data")
 
 
 def test_a_changed_configmap_volume_is_read_again(tmp_path):
