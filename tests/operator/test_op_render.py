@@ -8,7 +8,8 @@ import kubernetes_validate
 import pytest
 from cosyvoice_operator import render as r
 from cosyvoice_operator.spec import InvalidSpec, parse_spec
-from cvs_testkit import EXAMPLES, K8S_VERSION, load_example
+from cosyvoice_operator.constants import OPT_IN_LABEL
+from cvs_testkit import EXAMPLES, K8S_VERSION, example_objects, load_example
 
 Obj = dict[str, Any]
 OWNER = r.Owner(name="tts", namespace="speech", uid="0b7c6f6e-1111-2222-3333-444455556666")
@@ -449,3 +450,22 @@ def test_lexicons_are_whole_configmap_volumes_the_server_reads_and_the_operator_
 def test_bad_lexicon_references_are_invalid_specs(lexicons, problem) -> None:
     with pytest.raises(InvalidSpec, match=problem):
         parse_spec({"pronunciation": {"lexicons": lexicons}})
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if len(example_objects(p)) > 1], ids=lambda p: p.name)
+def test_the_objects_an_example_brings_are_valid_too(path: Any) -> None:
+    """A lexicon ConfigMap beside its service: a valid object, labelled for the service to use, whose PLS
+    document the server reads."""
+    from cosyvoice_server.pronunciation.lexicon import parse_pls
+
+    cr = load_example(path)
+    used = {(k, n) for k, _, n in r.objects_used(pod(cr["spec"]))}
+    for obj in example_objects(path):
+        if obj is cr or obj["kind"] == "CosyVoiceService":
+            continue
+        validate(obj)
+        assert (obj["kind"], obj["metadata"]["name"]) in used
+        assert obj["metadata"]["labels"][OPT_IN_LABEL] == "true"
+        for key, text in obj.get("data", {}).items():
+            if key.endswith(".pls"):
+                assert parse_pls(key.removesuffix(".pls"), text).entries

@@ -4,6 +4,7 @@ for markup texts (`../shared/golden/cosyvoice3/tokenizer.json`). Tests skip wher
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -41,13 +42,26 @@ def need_golden() -> Path:
 def build_tokenizer(out: Path) -> Path:
     """tokenizer.json of CosyVoice3 (transformers reads the BlankEN files, as upstream's AutoTokenizer does)."""
     golden = need_golden()
-    transformers = pytest.importorskip("transformers", reason="transformers (the convert extra) builds the tokenizer")
+    pytest.importorskip("transformers", reason="transformers (the convert extra) builds the tokenizer")
+    path = out / "tokenizer.json"
+    path.write_bytes(_built(str(golden)))
+    return path
+
+
+@functools.cache
+def _built(golden: str) -> bytes:
+    """Built once per process (a second or two): the bytes of its tokenizer.json."""
+    import tempfile
+
+    import transformers
+
+    golden = Path(golden)
     tok = transformers.AutoTokenizer.from_pretrained(str(golden / "ckpt" / "CosyVoice-BlankEN"))
     tok.add_special_tokens({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                             "additional_special_tokens": added_tokens()})
-    path = out / "tokenizer.json"
-    tok.backend_tokenizer.save(str(path))
-    return path
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.backend_tokenizer.save(f"{tmp}/tokenizer.json")
+        return Path(f"{tmp}/tokenizer.json").read_bytes()
 
 
 def upstream_ids() -> dict[str, list[int]]:

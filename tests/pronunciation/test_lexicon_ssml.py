@@ -146,7 +146,8 @@ HOSTILE = {
     "external entity": '<?xml version="1.0"?><!DOCTYPE s [<!ENTITY x SYSTEM "file:///etc/passwd">]><speak>&x;</speak>',
     "external DTD": '<!DOCTYPE speak SYSTEM "http://example.com/x.dtd"><speak>x</speak>',
     "undeclared entity": "<speak>&x;</speak>",
-    "deep nesting": "<speak>" + "<s>" * 100_000 + "x" + "</s>" * 100_000 + "</speak>",
+    "nesting past the depth cap": "<speak>" + "<s>" * 5_000 + "x" + "</s>" * 5_000 + "</speak>",
+    "nesting past the size cap": "<speak>" + "<s>" * 100_000 + "x" + "</s>" * 100_000 + "</speak>",
     "10 MB of nesting": "<speak>" + "<p>" * 3_500_000,
 }
 
