@@ -17,6 +17,7 @@ from . import __version__, playground
 from .api import errors
 from .api.auth import require_api_key
 from .api.openai import router
+from .api.lexicons import router as lexicons_router
 from .api.voices import router as voices_router
 from .api.speech_stream import router as stream_router
 from .api.stream_gate import Connections
@@ -69,8 +70,10 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(load())
+        watch = asyncio.create_task(_watch_lexicons(state, task))
         yield
         task.cancel()
+        watch.cancel()
         if state.scheduler:
             await asyncio.to_thread(state.scheduler.stop)
         if state.extraction:
@@ -91,6 +94,7 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.include_router(router)
     app.include_router(voices_router)
+    app.include_router(lexicons_router)
     app.include_router(stream_router)
     if settings.docs:
         _add_documents(app)
@@ -127,6 +131,13 @@ def create_app(settings: Settings, on_fatal=None) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _watch_lexicons(state: ServerState, loaded: asyncio.Task) -> None:
+    """Keeps the lexicons current once the model is loaded (the store is created with it)."""
+    await asyncio.wait([loaded])
+    if state.lexicons is not None and state.settings.lexicon_dir is not None:
+        await state.lexicons.watch()
 
 
 def _add_documents(app: FastAPI) -> None:

@@ -4,6 +4,7 @@ the variables; a flag given on the command line wins)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -11,6 +12,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .origins import parse_allowed_origins
+from .pronunciation.lexicon import NAME as LEXICON_NAME
 
 BUNDLED_MODEL = Path(__file__).parent / "models" / "tiny"
 # Settings with no `serve` flag: a secret belongs in the environment or a file, not in argv (`ps` shows argv).
@@ -108,6 +110,12 @@ class Settings(BaseModel):
                                 "segments start after its prompt; 0 turns the cache off")
     voice_cache_bytes: int = Field(128 * 2**20, ge=0, description="memory for registered voices' prompt tensors per "
                                    "replica (least recently used evicted first; 0 reads each from the store)")
+    lexicon_dir: Path | None = Field(None, description="directory of W3C PLS pronunciation lexicons (*.pls, also one "
+                                     "directory down, as ConfigMap volumes mount them); each is named by its file's "
+                                     "stem (GET /v1/audio/lexicons) and re-read within seconds when it changes")
+    default_lexicons: str | None = Field(None, description="lexicons applied to every request that names none, "
+                                         "comma-separated names from --lexicon-dir (a request's \"lexicons\": [] "
+                                         "turns them off)")
     docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json (behind the API key when one is set)")
     playground: bool = Field(False, description="serve the browser playground at /playground (and redirect / to it): "
                              "a page that lists the voices, speaks over HTTP and the WebSocket stream, and clones "
@@ -136,6 +144,12 @@ class Settings(BaseModel):
         parse_voice_aliases(v)
         return v
 
+    @field_validator("default_lexicons")
+    @classmethod
+    def _default_lexicons_parse(cls, v: str | None) -> str | None:
+        parse_names(v)
+        return v
+
     @field_validator("stream_allowed_origins")
     @classmethod
     def _origins_parse(cls, v: str | None) -> str | None:
@@ -151,6 +165,9 @@ class Settings(BaseModel):
 
     def allowed_origins(self) -> frozenset[str]:
         return parse_allowed_origins(self.stream_allowed_origins)
+
+    def default_lexicon_names(self) -> list[str]:
+        return parse_names(self.default_lexicons)
 
     def voice_alias_table(self) -> dict[str, str]:
         return parse_voice_aliases(self.voice_aliases)
@@ -222,6 +239,15 @@ def parse_voice_aliases(spec: str | None) -> dict[str, str]:
     if bad:
         raise ValueError(f"expected alias=voice pairs separated by commas, got {bad[0]!r}")
     return {a.strip(): t.strip() for a, t in (p.split("=") for p in pairs)}
+
+
+def parse_names(spec: str | None) -> list[str]:
+    """`brands, places` -> ["brands", "places"]; ValueError names a bad one."""
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    bad = [n for n in names if not re.match(LEXICON_NAME, n)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a lexicon name (lowercase letters, digits, '.', '_', '-')")
+    return names
 
 
 def env_name(field: str) -> str:

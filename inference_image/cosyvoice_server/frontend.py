@@ -20,11 +20,15 @@ import re
 import sys
 import threading
 import unicodedata
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from .pronunciation.phones import PhoneSet, is_phone
+from .pronunciation.plan import Pause, Plan, Run
 
 _SPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]")
@@ -73,14 +77,15 @@ def drop_blanks_between_cjk(text: str) -> str:
     return "".join(out)
 
 
-def zh_cleanup(text: str) -> str:
+def zh_cleanup(text: str, end: bool = True) -> str:
+    """`end`: the text ends the input (a trailing comma becomes a full stop), not a piece before phone markup."""
     text = drop_blanks_between_cjk(text.replace("\n", ""))
     text = text.replace("²", "平方").replace("³", "立方")
     text = text.replace(".", "。").replace(" - ", "，")
     for mark in ("（", "）", "【", "】", "`"):
         text = text.replace(mark, "")
     text = text.replace("——", " ")
-    return re.sub(r"[，,、]+$", "。", text)
+    return re.sub(r"[，,、]+$", "。", text) if end else text
 
 
 def spell_out_numbers(text: str, to_words) -> str:
@@ -119,6 +124,17 @@ def split_paragraph(text: str, length, zh: bool, max_n: int = 80, min_n: int = 6
         else:
             segments.append(current)
     return segments
+
+
+@dataclass(frozen=True)
+class Spoken:
+    """One LLM segment of a plan: its text ids, what it says (normalized, as reported in segment timing), its
+    speed; `continued`: the rest of the segment before, cut at `hard_max_tokens`."""
+
+    ids: np.ndarray
+    text: str
+    speed: float = 1.0
+    continued: bool = False
 
 
 _INFLECT_IMPORT = threading.Lock()  # the swap below is process-wide: one thread at a time
@@ -177,11 +193,15 @@ class TextFrontend:
         text = normalize(text)
         if not text or not self.text_frontend or ("<|" in text and "|>" in text):  # upstream skips prompt markup
             return text
+        return self._tn(text, contains_chinese(text))
+
+    def _tn(self, text: str, zh: bool, end: bool = True) -> str:
+        """wetext's zh or en normalization of cleaned text (`end`: see zh_cleanup)."""
         with self._lock:  # the request path and voice registration threads share the normalizers
             zh_tn, en_tn, to_words = self._normalizers
             try:
-                if contains_chinese(text):
-                    return zh_cleanup(zh_tn.normalize(text))
+                if zh:
+                    return zh_cleanup(zh_tn.normalize(text), end)
                 return spell_out_numbers(en_tn.normalize(text), to_words)
             except AssertionError:  # wetext asserts on input its tagger reduces to nothing (control characters)
                 return text
@@ -191,14 +211,58 @@ class TextFrontend:
         text = self.normalized(text)
         if not text:
             return []
+        return self._split(text, contains_chinese(text))
+
+    def _split(self, text: str, zh: bool, expand=lambda t: t) -> list[str]:
+        """Upstream's split of normalized text into segments (`expand`: placeholders to what they stand for)."""
         if not self.text_frontend:
             return [text]
-        if contains_chinese(text):
-            texts = split_paragraph(text, len, True, self.max_tokens, self.min_tokens, self.merge_tokens)
-        else:
-            texts = split_paragraph(text, lambda t: len(self.encode(t)), False, self.max_tokens, self.min_tokens,
-                                    self.merge_tokens)
-        return [t for t in texts if not only_punctuation(t)]
+        length = (lambda t: len(expand(t))) if zh else (lambda t: len(self.encode(expand(t))))
+        texts = split_paragraph(text, length, zh, self.max_tokens, self.min_tokens, self.merge_tokens)
+        return [t for t in texts if not only_punctuation(expand(t))]
+
+    def _part_texts(self, runs: tuple[Run, ...]) -> list[tuple[str, str]]:
+        """A part's segments as (text the model reads, text reported): plain text exactly as any input;
+        around verbatim runs (phone markup) the plain runs are normalized one by one, in the part's language,
+        and the markup goes in untouched. Each verbatim run stands in the split as one private-use character,
+        so no sentence end or normalization can fall inside it."""
+        if not any(r.verbatim for r in runs):
+            return [(t, t) for t in self.texts("".join(r.text for r in runs))]
+        zh = contains_chinese("".join(r.text for r in runs if not r.verbatim))
+        last = max(i for i, r in enumerate(runs) if not r.verbatim) if any(not r.verbatim for r in runs) else -1
+        pieces, model, shown = [], {}, {}
+        for i, r in enumerate(runs):
+            if r.verbatim:
+                key = 0xF0000 + len(model)
+                model[key], shown[key] = r.text, r.shown or r.text
+                pieces.append(chr(key))
+                continue
+            text = normalize(r.text)
+            if text and self.text_frontend:
+                text = self._tn(text, zh, end=i == last)
+            if text:
+                pieces.append((" " if r.text[:1].isspace() else "") + text + (" " if r.text[-1:].isspace() else ""))
+            elif r.text[:1].isspace():
+                pieces.append(" ")
+        text = _SPACE.sub(" ", "".join(pieces)).strip()
+        if not text:
+            return []
+        expand = lambda t: t.translate(model)  # noqa: E731
+        return [(expand(t), t.translate(shown).strip()) for t in self._split(text, zh, expand)]
+
+    def plan_segments(self, plan: Plan) -> list[Spoken | Pause]:
+        """A plan's LLM segments, with what each says, and its pauses in place."""
+        out: list[Spoken | Pause] = []
+        for item in plan:
+            if isinstance(item, Pause):
+                out.append(item)
+                continue
+            for text, shown in self._part_texts(item.runs):
+                ids = self.encode(text)
+                for k in range(0, len(ids), self.hard_max):  # see segments()
+                    out.append(Spoken(np.asarray(ids[k:k + self.hard_max], np.int64), "" if k else shown,
+                                      item.speed, k > 0))
+        return out
 
     def prompt_tokens(self, transcript: str) -> list[int]:
         """A zero-shot prompt's transcript as the LLM's prompt text (upstream's inference_zero_shot); after the
@@ -218,9 +282,15 @@ class TextFrontend:
     @property
     def markup_tags(self) -> list[str]:
         """The tokenizer's special tokens a text may contain to be voiced (`[breath]`, `<strong>`...): its added
-        tokens less the chat and prompt structure (`<|...|>`), in vocabulary order."""
+        tokens less the chat and prompt structure (`<|...|>`) and phones (`phones`), in vocabulary order."""
         added = sorted(self.tokenizer.get_added_tokens_decoder().items())
-        return [t.content for _, t in added if not (t.content.startswith("<|") and t.content.endswith("|>"))]
+        return [t.content for _, t in added
+                if not (t.content.startswith("<|") and t.content.endswith("|>")) and not is_phone(t.content)]
+
+    @cached_property
+    def phones(self) -> PhoneSet:
+        """The phone alphabets and tokens this model's tokenizer holds (pronunciation/phones.py)."""
+        return PhoneSet.of(self.tokenizer)
 
     def instruction_tokens(self, instruction: str) -> list[int]:
         """Upstream's instruct2 prompt text: the instruction as written (not normalized, as upstream) ending

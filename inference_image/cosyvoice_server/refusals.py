@@ -133,6 +133,22 @@ NOTHING_TO_SAY = Reason("invalid_value", 400, "The input has no speakable text a
 INPUT_TOO_LONG = Reason("input_too_long", 400, "The input would make at least {seconds:.1f} s of audio; the limit is "
                         "{limit:g} s per request. Split the text into several requests.", param="input")
 
+TIMESTAMPS_NEED_EVENTS = Reason("invalid_value", 400, "timestamps 'segment' needs somewhere to put the times: "
+                                "stream_format 'sse' (speech.segment events) or stream=false (a JSON body with "
+                                "the audio and its segments); a raw audio stream cannot carry them.",
+                                param="timestamps")
+INVALID_SSML = Reason("invalid_ssml", 400, "The input is not SSML this server speaks: {detail}.", param="input")
+SSML_TEXT_TOO_LONG = Reason("input_too_long", 400, "The SSML document's text is {chars} characters; the limit is "
+                            "{limit}.", param="input")
+UNKNOWN_LEXICON = Reason("lexicon_not_found", 400, "Unknown lexicon '{name}'; this server holds: {available}.",
+                         param="lexicons")
+LEXICON_UNUSABLE = Reason("lexicon_unavailable", 503, "The lexicon '{name}' cannot be read on this server "
+                          "({detail}); its operator must fix it.", SERVER, INTERNAL_ERROR, param="lexicons")
+PRONUNCIATION_UNSUPPORTED = Reason("unsupported_pronunciation", 400, "{detail}", param="lexicons")
+PROSODY_WITH_STREAMED_TEXT = ("is not available with streamed text: speed stretches a whole segment once it is "
+                              "complete, which would hold back the audio until each flush; use POST "
+                              "/v1/audio/speech")
+
 # --- how a synthesis ended, when not with all its audio --------------------------------------------------
 TIMED_OUT = Reason("timeout", 504, "Synthesis did not finish within the request timeout of {limit:g} s.", SERVER,
                    INTERNAL_ERROR)

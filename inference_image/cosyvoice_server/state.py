@@ -16,6 +16,7 @@ from .engine.bistream import text_room
 from .engine.pipeline import Pipeline, Voice
 from .frontend import TextFrontend
 from .keys import RotatingKey
+from .lexicons import LexiconStore
 from .model.manifest import voice_aliases
 from .metrics import Metrics
 from .options import SpeechRequest
@@ -83,6 +84,7 @@ class ServerState:
     prompt_cache: PromptCache | None = None
     extraction: ExtractionPool | None = None  # voice feature extraction, while registration is allowed
     text: TextWorkers | None = None  # request text normalization, once loaded
+    lexicons: LexiconStore | None = None  # the pronunciation lexicons (--lexicon-dir), once loaded
     # Blocking work off the event loop, each kind on threads of its own, never the loop's default executor:
     # registrations wait for an extraction worker for up to their deadline, and while the default executor's
     # few threads (cores + 4) were all held by them, compressed responses could not be encoded.
@@ -142,6 +144,7 @@ class ServerState:
                 self.extraction = ExtractionPool(s.model_dir, s.voice_registration_concurrency, s.voice_worker_memory_mib,
                                                  lambda reason: self.metrics.voice_extraction_replacements.labels(reason).inc())
             self.metrics.voice_extraction_workers.set_function(lambda: self.extraction.live)
+        self.lexicons = LexiconStore(s.lexicon_dir, s.default_lexicon_names())
         with self.phases("text_workers"):
             self.text = TextWorkers(s.model_dir, self.pipeline.manifest.frontend, s.text_workers)
         self.scheduler = Scheduler(self.pipeline, SchedulerConfig.from_settings(s, self._measured_batches()),
@@ -209,27 +212,29 @@ class ServerState:
         return await self.text.segments(text)
 
     def new_request(self, body: SpeechRequest, voice: Voice | None = None,
-                    segments: list[np.ndarray] | None = None, max_tokens: int | None = None) -> SynthesisRequest:
+                    segments: list[np.ndarray] | None = None, max_tokens: int | None = None,
+                    speeds: list[float] | None = None) -> SynthesisRequest:
         """`voice`: as `find_voice` resolved it; None looks the request's voice up among the bundled ones.
         `segments`: the input's, from `text_segments`; None computes them here, on the calling thread.
-        `max_tokens`: the most of `token_bounds`, when the caller has it already."""
+        `max_tokens`: the most of `token_bounds`, when the caller has it already. `speeds`: each segment's
+        speed where SSML set them (else the body's for all)."""
         p = self.pipeline
         voice = voice or p.voices[self.voice(body.voice_id)]
         if body.instructions and body.instructions.strip():
             voice = instruct(voice, body.instructions, p.frontend)
         # As upstream: chunks only for streamed responses, and `speed` stretches whole segments only.
-        chunked = body.stream and body.speed == 1.0
+        chunked = body.stream and body.speed == 1.0 and all(x == 1.0 for x in speeds or ())
         if segments is None:
             segments = p.frontend.segments(body.input)
         return SynthesisRequest(
-            text=WholeText(segments),
+            text=WholeText(segments, speeds),
             voice=voice,
             speed=body.speed,
             seed=body.seed,
             deadline=time.monotonic() + self.settings.request_timeout_s,
             loop=asyncio.get_running_loop(),
             planner=self._planner(voice, chunked),
-            max_tokens=self.token_bounds(segments, body.speed)[1] if max_tokens is None else max_tokens,
+            max_tokens=self.token_bounds(segments, min(speeds or [body.speed]))[1] if max_tokens is None else max_tokens,
         )
 
     def new_bistream_request(self, voice: str | Voice | None = None, seed: int | None = None,

@@ -4,7 +4,8 @@ limits checked in one place, giving a request for the scheduler or a refusal fro
 functions and render what they return; neither re-derives a refusal.
 
     voice = await resolve(state, options)          # Voice | Refusal
-    req = whole_text(state, body, voice, segments)  # SynthesisRequest | Refusal
+    plan = planned(state, body.input, body.input_format, body.lexicons, body.speed)  # Plan | Refusal
+    req = whole_text(state, body, voice, segments)  # SynthesisRequest | Refusal (segments: the plan's)
     req = streamed_text(state, voice, seed, instructions)  # SynthesisRequest | Refusal
 """
 
@@ -13,11 +14,16 @@ from __future__ import annotations
 from typing import Protocol
 
 from .engine.pipeline import Voice
+from .frontend import Spoken
 from .model.manifest import ModelLoadError
-from .options import OPENAI_VOICES, SpeechRequest, VoiceRef
-from .refusals import (ADMISSION, CUT_OFF_BY_DRAIN, DRAINING, INPUT_TOO_LONG, INSTRUCTIONS_UNSUPPORTED, LOADING,
-                       NOTHING_TO_SAY, SEGMENT_TOO_LONG, STREAM_TIMED_OUT, SYNTHESIS_FAILED,
-                       TIMED_OUT, UNKNOWN_MODEL, UNKNOWN_VOICE, VOICE_UNREADABLE, Refusal, sentence)
+from .options import MAX_INPUT_CHARS, OPENAI_VOICES, SpeechRequest, VoiceRef
+from .pronunciation import ssml
+from .pronunciation.phones import PronunciationError
+from .pronunciation.plan import Part, Pause, Plan, plain
+from .refusals import (ADMISSION, CUT_OFF_BY_DRAIN, DRAINING, INPUT_TOO_LONG, INSTRUCTIONS_UNSUPPORTED, INVALID_SSML,
+                       LEXICON_UNUSABLE, LOADING, NOTHING_TO_SAY, PRONUNCIATION_UNSUPPORTED, SEGMENT_TOO_LONG,
+                       SSML_TEXT_TOO_LONG, STREAM_TIMED_OUT, SYNTHESIS_FAILED, TIMED_OUT, UNKNOWN_LEXICON,
+                       UNKNOWN_MODEL, UNKNOWN_VOICE, VOICE_UNREADABLE, Refusal, sentence, shown)
 from .scheduling.request import Outcome, SynthesisRequest
 from .scheduling.scheduler import Overloaded
 from .state import InstructionError, ServerState
@@ -80,17 +86,55 @@ async def resolve(state: ServerState, options: Options) -> Voice | Refusal:
     return voice
 
 
-def whole_text(state: ServerState, body: SpeechRequest, voice: Voice, segments: list) -> SynthesisRequest | Refusal:
-    """A request for the whole input (its `segments` from `state.text_segments`), or why it cannot be made."""
-    fewest, most = state.token_bounds(segments, body.speed)
+def matcher(state: ServerState, lexicons: list[str] | None):
+    """The lexicons a synthesis applies (None: the server's defaults), as a Matcher or None; or a Refusal."""
+    store = state.lexicons
     try:
-        req = state.new_request(body, voice, segments, max_tokens=most)
+        return store.matcher(lexicons)
+    except KeyError as exc:
+        available = ", ".join(sorted(store.entries)) or "none (the server has no --lexicon-dir lexicons)"
+        return UNKNOWN_LEXICON(name=shown(exc.args[0]), available=available)
+    except LookupError as exc:
+        return LEXICON_UNUSABLE(name=exc.args[0], detail=store.entries[exc.args[0]].error)
+
+
+def planned(state: ServerState, text: str, input_format: str, lexicons: list[str] | None, speed: float
+            ) -> Plan | Refusal:
+    """The input as a plan of parts and pauses: SSML read, lexicons applied; or why it cannot be said."""
+    found = matcher(state, lexicons)
+    if isinstance(found, Refusal):
+        return found
+    phones = state.pipeline.frontend.phones
+    try:
+        if input_format != "ssml":
+            return plain(text, found, phones, speed)
+        plan = ssml.build(text, found, phones, speed)
+    except ssml.SsmlError as exc:
+        return INVALID_SSML(detail=str(exc))
+    except PronunciationError as exc:
+        return PRONUNCIATION_UNSUPPORTED(detail=sentence(str(exc)))
+    chars = sum(len(r.text) for part in plan if isinstance(part, Part) for r in part.runs if not r.verbatim)
+    if chars > MAX_INPUT_CHARS:
+        return SSML_TEXT_TOO_LONG(chars=chars, limit=MAX_INPUT_CHARS)
+    return plan
+
+
+def whole_text(state: ServerState, body: SpeechRequest, voice: Voice, items: list[Spoken | Pause]
+               ) -> SynthesisRequest | Refusal:
+    """A request for the whole input (its segments and pauses from `state.text.plan`), or why it cannot be made."""
+    spoken = [x for x in items if isinstance(x, Spoken)]
+    segments, speeds = [x.ids for x in spoken], [x.speed for x in spoken]
+    fewest, most = state.token_bounds(segments, min(speeds, default=body.speed))
+    try:
+        req = state.new_request(body, voice, segments, max_tokens=most, speeds=speeds)
     except InstructionError as exc:
         return INSTRUCTIONS_UNSUPPORTED(detail=sentence(str(exc)))
     if not segments:
         return NOTHING_TO_SAY()
+    # marks for what the API layer places between segments (breaks) or reports (timing)
+    req.segment_marks = body.timestamps == "segment" or len(spoken) < len(items)
     if fewest > most:
-        rate = state.pipeline.manifest.token_rate * body.speed
+        rate = state.pipeline.manifest.token_rate * min(speeds)
         return INPUT_TOO_LONG(seconds=fewest / rate, limit=state.settings.max_audio_seconds)
     return req
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .frontend import TextFrontend
+from .frontend import Spoken, TextFrontend
+from .pronunciation.plan import Part, Pause, Plan
 from .procpool import start_pool
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,11 @@ def _segments(text: str) -> list[np.ndarray]:
     return _frontend.segments(text)
 
 
+def _plan_segments(plan: Plan) -> list[Spoken | Pause]:
+    assert _frontend is not None, _error
+    return _frontend.plan_segments(plan)
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, fn) -> None:
     try:
         loop.call_soon_threadsafe(fn)
@@ -79,14 +85,22 @@ class TextWorkers:
         """The text's LLM segments. Cancelling the caller drops a call that has not started; one that has
         finishes in its worker and its result is discarded (nothing is held for it). BrokenProcessPool when
         a worker died (killed for memory, say): fresh workers are started for the texts after it."""
+        return await self._call(_segments, text, len(text))
+
+    async def plan(self, plan: Plan) -> list[Spoken | Pause]:
+        """A plan's segments and pauses (TextFrontend.plan_segments), as `segments`."""
+        chars = sum(len(r.text) for part in plan if isinstance(part, Part) for r in part.runs)
+        return await self._call(_plan_segments, plan, chars)
+
+    async def _call(self, fn, arg, chars: int):
         loop = asyncio.get_running_loop()
-        long = len(text) > LONG_TEXT_CHARS and self.size > 1
+        long = chars > LONG_TEXT_CHARS and self.size > 1
         if long:
             await self._long.acquire()
         pool = self.pool
         try:
             try:
-                work = pool.submit(_segments, text)
+                work = pool.submit(fn, arg)
             except BaseException:
                 if long:
                     self._long.release()

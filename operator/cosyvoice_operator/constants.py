@@ -55,6 +55,7 @@ REGISTRATION_KEY_DIR: Final = "/var/run/secrets/cosyvoice-registration"
 REGISTRATION_KEY_FILE: Final = f"{REGISTRATION_KEY_DIR}/registration-key"
 # The shared volume of registered voices (spec.voices.pvc), mounted by every replica.
 VOICE_STORE_MOUNT: Final = "/var/lib/cosyvoice/voices"
+LEXICON_MOUNT: Final = "/etc/cosyvoice/lexicons"  # one ConfigMap volume per lexicon below it, read-only
 # Environment the operator renders (or that would override what it renders: COSYVOICE_API_KEY wins over the
 # key file): a CosyVoiceService's spec.env may not set these. The CRD repeats the list in a CEL rule (tested).
 OPERATOR_ENV: Final = (

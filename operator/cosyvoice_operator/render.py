@@ -15,7 +15,7 @@ from .constants import (
     API_KEY_DIR, API_KEY_FILE, API_VERSION, APP_NAME, COMPONENT, FETCH_COMMAND, GPU_RESOURCE, GROUP, HEALTH_PATH,
     KIND, LABEL_COMPONENT, LABEL_GPU_PRODUCT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
     LABEL_VERSION, MANAGER, METRICS_PATH, MODEL_CACHE_ENTRY, MODEL_CACHE_MOUNT, MODEL_MOUNT, NODE_MODEL_CACHE_PATH,
-    READY_PATH, REGISTRATION_KEY_DIR, REGISTRATION_KEY_FILE, SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME, TMP_MOUNT, VOICE_STORE_MOUNT,
+    LEXICON_MOUNT, READY_PATH, REGISTRATION_KEY_DIR, REGISTRATION_KEY_FILE, SERVER_COMMAND, SERVER_PORT, SERVER_PORT_NAME, TMP_MOUNT, VOICE_STORE_MOUNT,
 )
 from .canary.traffic import CANARY, STABLE, split_replicas
 from .server_settings import env as setting_env
@@ -183,6 +183,12 @@ def server_env(spec: CosyVoiceServiceSpec) -> list[Obj]:
         settings["voice_registration_key_file"] = REGISTRATION_KEY_FILE
     if spec.playground.enabled:
         settings["playground"] = "true"
+    lexicons = spec.pronunciation.lexicons
+    if lexicons:
+        settings["lexicon_dir"] = LEXICON_MOUNT
+        defaults = [lex.lexicon_name for lex in lexicons if lex.default]
+        if defaults:
+            settings["default_lexicons"] = ",".join(defaults)
     # The root filesystem is read-only and uid 10001 has no home: caches go to the /tmp emptyDir.
     values = {"HOME": TMP_MOUNT, **{setting_env(name): str(value) for name, value in settings.items()}}
     env: list[Obj] = [{"name": k, "value": v} for k, v in values.items()]
@@ -241,6 +247,10 @@ def server_container(spec: CosyVoiceServiceSpec) -> Obj:
         mounts.append(store)
     if voices.registration.key_secret is not None:
         mounts.append({"name": "registration-key", "mountPath": REGISTRATION_KEY_DIR, "readOnly": True})
+    # A whole volume per lexicon, never a subPath: the kubelet updates those in place (a ConfigMap change reaches
+    # the server, which re-reads its lexicons, without a restart); subPath mounts are never updated.
+    for i, lex in enumerate(spec.pronunciation.lexicons):
+        mounts.append({"name": f"lexicon-{i}", "mountPath": f"{LEXICON_MOUNT}/{lex.lexicon_name}", "readOnly": True})
     container: Obj = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -327,6 +337,10 @@ def volumes(spec: CosyVoiceServiceSpec) -> list[Obj]:
             "secretName": voices.registration.key_secret.name,
             "items": [{"key": voices.registration.key_secret.key, "path": REGISTRATION_KEY_FILE.rsplit("/", 1)[-1]}],
             "defaultMode": 0o440}})
+    for i, lex in enumerate(spec.pronunciation.lexicons):
+        vols.append({"name": f"lexicon-{i}", "configMap": {
+            "name": lex.config_map_ref.name, "defaultMode": 0o444,
+            "items": [{"key": lex.config_map_ref.key, "path": f"{lex.lexicon_name}.pls"}]}})
     return vols
 
 

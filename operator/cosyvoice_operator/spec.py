@@ -154,6 +154,45 @@ class Voices(_Model):
         return self
 
 
+# --- pronunciation lexicons ----------------------------------------------------------------------
+
+LEXICON_NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # the server's lexicon names (cosyvoice_server.pronunciation)
+CONFIG_MAP_KEY_RE = r"^[-._a-zA-Z0-9]+$"
+MAX_LEXICONS = 16
+
+
+class ConfigMapKeyRef(_Model):
+    name: ObjectName
+    key: str = Field(min_length=1, max_length=253, pattern=CONFIG_MAP_KEY_RE)
+
+
+class LexiconRef(_Model):
+    config_map_ref: ConfigMapKeyRef
+    name: str | None = Field(default=None, pattern=LEXICON_NAME_RE)
+    default: bool = False
+
+    @property
+    def lexicon_name(self) -> str:
+        """The name requests use: `name`, else the ConfigMap's."""
+        return self.name or self.config_map_ref.name
+
+
+class Pronunciation(_Model):
+    lexicons: list[LexiconRef] = Field(default_factory=list, max_length=MAX_LEXICONS)
+
+    @model_validator(mode="after")
+    def _names(self) -> Pronunciation:
+        names = [lex.lexicon_name for lex in self.lexicons]
+        for lex in self.lexicons:
+            if lex.name is None and not re.match(LEXICON_NAME_RE, lex.config_map_ref.name):
+                raise ValueError(f"pronunciation.lexicons: the ConfigMap name {lex.config_map_ref.name!r} is not a "
+                                 "lexicon name (at most 63 characters): give the lexicon a name")
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise ValueError(f"pronunciation.lexicons: two lexicons are named {dup!r}; give each its own name")
+        return self
+
+
 # --- GPU placement ------------------------------------------------------------------------------
 
 SINGLE_MEDIA_EXTENSION = ("a media-extension (+me) MIG profile needs gpu.migStrategy mixed: the single strategy "
@@ -482,6 +521,7 @@ class CosyVoiceServiceSpec(_Model):
     api_key_secret: SecretKeyRef | None = None
     storage: Storage | None = None
     voices: Voices = Field(default_factory=Voices)
+    pronunciation: Pronunciation = Field(default_factory=Pronunciation)
     precision: Precision | None = None
     gpu: Gpu | None = None
     replicas: int = Field(default=1, ge=0, le=1000)

@@ -31,7 +31,12 @@ Obj = dict[str, Any]
 
 
 def load_example(path: Path) -> Obj:
-    return yaml.safe_load(path.read_text())
+    """The example's CosyVoiceService (a file may also hold objects it uses, such as a ConfigMap)."""
+    return next(d for d in example_objects(path) if d["kind"] == "CosyVoiceService")
+
+
+def example_objects(path: Path) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 # --- a more realistic emulator ------------------------------------------------------------------

@@ -289,6 +289,8 @@ OTHER_OBJECTS = {
     "env-config-map": ("configmap", "v1/configmaps", {"env": [{"name": "DB_URL", "valueFrom": {"configMapKeyRef": {
         "name": "db-data", "key": "url"}}}]}),
     "service-account": ("serviceaccount", "v1/serviceaccounts", {"serviceAccountName": "db-data"}),
+    "lexicon-config-map": ("configmap", "v1/configmaps", {"pronunciation": {"lexicons": [{"configMapRef": {
+        "name": "db-data", "key": "brands.pls"}, "default": True}]}}),
 }
 
 

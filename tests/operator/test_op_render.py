@@ -8,7 +8,8 @@ import kubernetes_validate
 import pytest
 from cosyvoice_operator import render as r
 from cosyvoice_operator.spec import InvalidSpec, parse_spec
-from cvs_testkit import EXAMPLES, K8S_VERSION, load_example
+from cosyvoice_operator.constants import OPT_IN_LABEL
+from cvs_testkit import EXAMPLES, K8S_VERSION, example_objects, load_example
 
 Obj = dict[str, Any]
 OWNER = r.Owner(name="tts", namespace="speech", uid="0b7c6f6e-1111-2222-3333-444455556666")
@@ -415,3 +416,56 @@ def test_rendering_is_pure() -> None:
     before = spec.model_dump()
     assert r.render(OWNER, spec) == r.render(OWNER, spec)
     assert spec.model_dump() == before
+
+
+LEXICONS = {"pronunciation": {"lexicons": [
+    {"configMapRef": {"name": "brands", "key": "brands.pls"}, "default": True},
+    {"configMapRef": {"name": "shared-words", "key": "zh.pls"}, "name": "places"}]}}
+
+
+def test_lexicons_are_whole_configmap_volumes_the_server_reads_and_the_operator_checks() -> None:
+    p = pod(LEXICONS)
+    mounts = {m["name"]: m for m in server(LEXICONS)["volumeMounts"]}
+    vols = {v["name"]: v for v in p["volumes"]}
+    assert [(vols[n]["configMap"]["name"], vols[n]["configMap"]["items"], mounts[n]["mountPath"])
+            for n in ("lexicon-0", "lexicon-1")] == [
+        ("brands", [{"key": "brands.pls", "path": "brands.pls"}], "/etc/cosyvoice/lexicons/brands"),
+        ("shared-words", [{"key": "zh.pls", "path": "places.pls"}], "/etc/cosyvoice/lexicons/places")]
+    # read-only, and never a subPath: the kubelet does not update subPath mounts
+    assert all(mounts[n]["readOnly"] and "subPath" not in mounts[n] for n in ("lexicon-0", "lexicon-1"))
+    assert env(LEXICONS)["COSYVOICE_LEXICON_DIR"] == "/etc/cosyvoice/lexicons"
+    assert env(LEXICONS)["COSYVOICE_DEFAULT_LEXICONS"] == "brands"
+    # the ConfigMaps are references like any other: same namespace only, opted in by their owner
+    assert {(k, n) for k, _, n in r.objects_used(p)} >= {("ConfigMap", "brands"), ("ConfigMap", "shared-words")}
+    assert "COSYVOICE_LEXICON_DIR" not in env({})
+
+
+@pytest.mark.parametrize("lexicons, problem", [
+    ([{"configMapRef": {"name": "a", "key": "x.pls"}}, {"configMapRef": {"name": "a", "key": "y.pls"}}],
+     "two lexicons are named 'a'"),
+    ([{"configMapRef": {"name": "a" * 70, "key": "x.pls"}}], "give the lexicon a name"),
+    ([{"configMapRef": {"name": "../other", "key": "x.pls"}}], "not a Kubernetes object name"),
+    ([{"configMapRef": {"name": "a", "key": "../x"}}], "configMapRef.key"),
+])
+def test_bad_lexicon_references_are_invalid_specs(lexicons, problem) -> None:
+    with pytest.raises(InvalidSpec, match=problem):
+        parse_spec({"pronunciation": {"lexicons": lexicons}})
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if len(example_objects(p)) > 1], ids=lambda p: p.name)
+def test_the_objects_an_example_brings_are_valid_too(path: Any) -> None:
+    """A lexicon ConfigMap beside its service: a valid object, labelled for the service to use, whose PLS
+    document the server reads."""
+    from cosyvoice_server.pronunciation.lexicon import parse_pls
+
+    cr = load_example(path)
+    used = {(k, n) for k, _, n in r.objects_used(pod(cr["spec"]))}
+    for obj in example_objects(path):
+        if obj is cr or obj["kind"] == "CosyVoiceService":
+            continue
+        validate(obj)
+        assert (obj["kind"], obj["metadata"]["name"]) in used
+        assert obj["metadata"]["labels"][OPT_IN_LABEL] == "true"
+        for key, text in obj.get("data", {}).items():
+            if key.endswith(".pls"):
+                assert parse_pls(key.removesuffix(".pls"), text).entries

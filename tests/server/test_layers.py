@@ -12,10 +12,11 @@ PACKAGE = Path(cosyvoice_server.__file__).parent
 
 # Bottom first: the first part of each module's name below cosyvoice_server ("" is the package itself).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("facts", frozenset({"", "config", "cpus", "origins", "refusals", "keys", "metrics", "startup"})),
+    ("facts", frozenset({"", "config", "cpus", "origins", "refusals", "keys", "metrics", "startup",
+                         "pronunciation"})),
     ("model and text", frozenset({"model", "frontend", "procpool", "fetch", "model_cache", "engine", "convert",
                                   "voices", "text_workers", "streaming", "streamtext", "audio", "gpu",
-                                  "onnxruntime_install", "options"})),
+                                  "onnxruntime_install", "options", "lexicons", "timeline"})),
     ("scheduling", frozenset({"scheduling"})),
     ("state", frozenset({"state"})),
     ("front door", frozenset({"synthesis", "timeouts"})),

@@ -20,12 +20,13 @@ from .. import synthesis
 from ..audio import FORMATS, StreamEncoder, encode
 from ..refusals import (BODY_COMPRESSED, BODY_DECLARED_TOO_LARGE, BODY_TOO_LARGE, JSON_TOO_DEEP, NOT_AN_OBJECT, NOT_JSON,
                         TEXT_WORKER_DIED, Refusal)
-from ..scheduling.request import Done, Outcome, SynthesisRequest
+from ..scheduling.request import Done, Outcome, SegmentEnd, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
+from ..timeline import Timeline
 from .auth import require_api_key
 from .errors import body_error, validation_message
-from .schemas import ErrorResponse, ModelCapabilities, ModelCard, ModelList, SpeechRequest
+from .schemas import ErrorResponse, ModelCapabilities, ModelCard, ModelList, SpeechRequest, TimedSpeech
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ def state_of(request: Request) -> ServerState:
 
 
 _ERRORS = {
-    400: "Invalid request: malformed JSON, a missing or invalid field (`param` names it), an unknown voice, "
-         "instructions for a voice or model that cannot take them",
+    400: "Invalid request: malformed JSON, a missing or invalid field (`param` names it), an unknown voice or "
+         "lexicon, instructions for a voice or model that cannot take them, SSML this server does not speak, a "
+         "pronunciation the model cannot say",
     401: "An API key is configured and `Authorization: Bearer <key>` is missing or wrong",
     404: "Unknown model",
     408: "The request body did not arrive within the server's body timeout",
@@ -85,7 +87,9 @@ def _model_card(s: ServerState) -> ModelCard:
     caps = ModelCapabilities(
         family=p.manifest.family, sample_rate=p.sample_rate, response_formats=list(get_args(SpeechRequest.model_fields["response_format"].annotation)),
         stream_formats=list(get_args(SpeechRequest.model_fields["stream_format"].annotation)),
-        instructions=p.frontend.takes_instructions, tags=p.frontend.markup_tags, voice_cloning=s.extraction is not None)
+        instructions=p.frontend.takes_instructions, tags=p.frontend.markup_tags, voice_cloning=s.extraction is not None,
+        phone_alphabets=p.frontend.phones.alphabets,
+        input_formats=list(get_args(SpeechRequest.model_fields["input_format"].annotation)))
     return ModelCard(id=s.model_id, created=s.created, capabilities=caps)
 
 
@@ -145,7 +149,7 @@ class _Disconnected(Exception):
     """The client hung up; an ordinary event, not an error to log with a traceback."""
 
 
-async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | Done:
+async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | SegmentEnd | Done:
     """Next audio chunk or the end marker; raises _Timeout at the deadline. Without a stream to write
     to, the client's disconnect is noticed by polling the connection before each chunk and every
     0.25 s (chunks arrive back to back while audio flows, so polling only on idle waits misses it)."""
@@ -169,9 +173,12 @@ async def _next(req: SynthesisRequest, request: Request | None) -> np.ndarray | 
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _inline(SpeechRequest.model_json_schema())}}}},
     responses={
         200: {"description": "The audio, streamed as it is generated unless `stream` is false; with `stream_format: "
-                             "sse`, `speech.audio.delta` events then `speech.audio.done`",
+                             "sse`, `speech.audio.delta` events (and with `timestamps: segment`, a `speech.segment` "
+                             "event after each segment's audio) then `speech.audio.done`; with `stream: false` and "
+                             "`timestamps: segment`, JSON `{audio (base64), format, segments}`",
               "content": {f.media_type: {"schema": {"type": "string", "format": "binary"}} for f in FORMATS.values()}
-              | {"text/event-stream": {"schema": {"type": "string"}}}},
+              | {"text/event-stream": {"schema": {"type": "string"}}}
+              | {"application/json": {"schema": _inline(TimedSpeech.model_json_schema())}}},
         **error_responses(400, 404, 408, 413, 415, 429, 500, 503, 504),
     },
 )
@@ -184,12 +191,15 @@ async def create_speech(request: Request) -> Response:
         voice = await synthesis.resolve(s, body)
         if isinstance(voice, Refusal):
             raise voice
+        plan = synthesis.planned(s, body.input, body.input_format, body.lexicons, body.speed)
+        if isinstance(plan, Refusal):
+            raise plan
         with s.scheduler.admission() as submit:  # a slot first: a full server refuses before normalising
             try:
-                segments = await s.text_segments(body.input)
+                items = await s.text.plan(plan)
             except BrokenProcessPool:
                 raise TEXT_WORKER_DIED() from None
-            req = synthesis.whole_text(s, body, voice, segments)
+            req = synthesis.whole_text(s, body, voice, items)
             if isinstance(req, Refusal):
                 raise req
             submit(req)
@@ -203,7 +213,9 @@ async def create_speech(request: Request) -> Response:
         s.record(exc.status, started)
         raise
     headers = {"X-Request-Id": str(req.id)}
+    timeline = Timeline(items, s.pipeline.sample_rate)
     chunks: list[np.ndarray] = []
+    segments: list[dict] = []
     outcome, streaming, item = Outcome.CANCELLED, False, None
     try:
         # A stream starts with its first audio, not before: until then a failure or timeout still gets its
@@ -211,10 +223,15 @@ async def create_speech(request: Request) -> Response:
         item = await _next(req, request)
         if body.stream and not isinstance(item, Done):
             streaming = True  # the stream now owns the request and releases it
-            return _SpeechStream(_stream(s, req, body, started, item), headers=headers,
+            return _SpeechStream(_stream(s, req, body, started, item, timeline), headers=headers,
                                  media_type="text/event-stream" if body.stream_format == "sse" else FORMATS[body.response_format].media_type)
+        audio, events = timeline.begin()
+        chunks.append(audio)
+        segments += events
         while not isinstance(item, Done):
-            chunks.append(item)
+            audio, events = _placed(timeline, item)
+            chunks.append(audio)
+            segments += events
             item = await _next(req, request)
         outcome = item.outcome
     except _Timeout:
@@ -237,7 +254,19 @@ async def create_speech(request: Request) -> Response:
     headers |= {"X-Speech-Tokens": str(len(req.tokens)), "X-Audio-Duration-Seconds": f"{len(audio) / s.pipeline.sample_rate:.3f}"}
     if req.first_audio_at is not None:
         headers["X-Time-To-First-Audio-Ms"] = f"{(req.first_audio_at - req.created) * 1000:.1f}"
+    if body.timestamps == "segment":
+        return JSONResponse({"audio": base64.b64encode(data).decode(), "format": body.response_format,
+                             "segments": segments}, headers=headers)
     return Response(data, media_type=FORMATS[body.response_format].media_type, headers=headers)
+
+
+def _placed(timeline: Timeline, item: np.ndarray | SegmentEnd) -> tuple[np.ndarray, list[dict]]:
+    """A chunk of audio as it goes out, or at a segment's end the silence of the breaks after it; the events of
+    the segments and breaks that end there."""
+    if isinstance(item, SegmentEnd):
+        return timeline.segment_end()
+    timeline.audio(len(item))
+    return item, []
 
 
 async def _encoded(s: ServerState, fmt: str, fn, *args) -> bytes:
@@ -269,21 +298,34 @@ class _SpeechStream(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, started: float, first: np.ndarray):
+async def _stream(s: ServerState, req: SynthesisRequest, body: SpeechRequest, started: float,
+                  first: np.ndarray | SegmentEnd, timeline: Timeline):
     enc = StreamEncoder(body.response_format, s.pipeline.sample_rate)
     sse = body.stream_format == "sse"
+    timed = sse and body.timestamps == "segment"
     outcome, code = Outcome.CANCELLED, 499  # until it ends otherwise, the client went away
 
     def out(data: bytes) -> bytes:
         return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
 
+    async def send(audio: np.ndarray, events: list[dict]):
+        nonlocal pending
+        data = pending + (await _encoded(s, enc.fmt, enc.chunk, audio) if len(audio) else b"")
+        pending = b""
+        if data:
+            yield out(data)
+        if timed:  # after the audio they time
+            for event in events:
+                yield _sse({"type": "speech.segment", **event})
+
     try:
-        pending, item = enc.header(), first
+        pending = enc.header()
+        async for part in send(*timeline.begin()):
+            yield part
+        item = first
         while not isinstance(item, Done):
-            data = pending + await _encoded(s, enc.fmt, enc.chunk, item)
-            pending = b""
-            if data:
-                yield out(data)
+            async for part in send(*_placed(timeline, item)):
+                yield part
             item = await _next(req, None)
         outcome = item.outcome
         tail = pending + await _encoded(s, enc.fmt, enc.close)

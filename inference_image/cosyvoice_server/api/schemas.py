@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from ..options import MAX_INPUT_CHARS, OPENAI_VOICES, SpeechRequest, VoiceRef, check_voice_shape, unicode_problem
 
 __all__ = ["MAX_INPUT_CHARS", "OPENAI_VOICES", "SpeechRequest", "VoiceRef", "check_voice_shape", "unicode_problem",
-           "ModelCard", "VoiceCard", "ModelList", "VoiceList", "ErrorDetail", "ErrorResponse"]
+           "ModelCard", "VoiceCard", "ModelList", "VoiceList", "LexiconCard", "LexiconList", "ErrorDetail", "ErrorResponse"]
 
 class ModelCapabilities(BaseModel):
     """What this model and server accept, so a client can discover it instead of learning it from a 400."""
@@ -24,6 +24,10 @@ class ModelCapabilities(BaseModel):
     tags: list[str] = Field(description="markup the model voices when it appears in `input`, e.g. [breath], "
                             "[laughter], <strong>...</strong>")
     voice_cloning: bool = Field(description="POST /v1/audio/voices registers voices from clips on this server")
+    phone_alphabets: list[str] = Field(description="pronunciation alphabets of PLS <phoneme> rules and SSML "
+                                       "<phoneme> the model says (its tokenizer has their phone tokens): ipa, "
+                                       "x-cmu, x-pinyin; empty: only <alias> and <sub> change how it says a word")
+    input_formats: list[str] = Field(description="values of `input_format`")
 
 
 class ModelCard(BaseModel):
@@ -56,6 +60,40 @@ class VoiceCard(BaseModel):
     duration_seconds: float | None = Field(None, description="registered voices: length of the clip")
     sample_rate: int | None = Field(None, description="registered voices: the clip's sample rate")
     samples: int | None = Field(None, description="registered voices: the clip's samples (mono)")
+
+
+class LexiconCard(BaseModel):
+    """A W3C PLS lexicon the server holds."""
+
+    id: str = Field(description="the name to send in `lexicons`")
+    object: Literal["lexicon"] = "lexicon"
+    default: bool = Field(description="applied to every request that names no lexicons")
+    graphemes: int = Field(description="words and phrases it says its own way")
+    alphabet: str | None = Field(description="its default phoneme alphabet, if it sets one")
+    lang: str | None = Field(description="its xml:lang")
+    error: str | None = Field(description="why its file cannot be read now (the last good version, if any, is in "
+                              "use); null when it is fine")
+
+
+class LexiconList(BaseModel):
+    object: Literal["list"] = "list"
+    defaults: list[str] = Field(description="the lexicons a request that names none gets")
+    data: list[LexiconCard]
+
+
+class SegmentTime(BaseModel):
+    text: str = Field(description="what the segment says (normalized; a phoneme rule shows its word); empty for a "
+                      "<break>")
+    start_s: float = Field(description="where it starts in the audio, in seconds (a whole number of samples)")
+    end_s: float = Field(description="where it ends; the next segment starts here")
+
+
+class TimedSpeech(BaseModel):
+    """A whole response with `timestamps: segment`."""
+
+    audio: str = Field(description="the audio file in `response_format`, base64")
+    format: str = Field(description="the response_format of `audio`")
+    segments: list[SegmentTime] = Field(description="the audio's segments and breaks in order; they tile it")
 
 
 class ModelList(BaseModel):

@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 from fastapi import APIRouter, WebSocket
@@ -29,7 +30,12 @@ from .. import synthesis
 from ..audio import FORMATS, StreamEncoder, StreamResampler
 from ..frontend import speakable
 from ..origins import is_own_origin, origin_allowed
-from ..refusals import BAD_KEY, INTERNAL, Refusal
+from ..pronunciation import ssml
+from ..pronunciation.phones import PronunciationError
+from ..pronunciation.plan import Run, StreamLexicon
+from ..pronunciation.xml import XmlError
+from ..refusals import (BAD_KEY, INTERNAL, INVALID_SSML, PRONUNCIATION_UNSUPPORTED, PROSODY_WITH_STREAMED_TEXT, Refusal,
+                        sentence)
 from ..scheduling.request import Done, Outcome, SegmentDone, SynthesisRequest
 from ..scheduling.scheduler import Overloaded
 from ..state import ServerState
@@ -143,6 +149,11 @@ class _Session:
         self.total_samples = 0
         self.usage_tokens = [0, 0]  # text, speech
         self.pump_done = asyncio.Event()
+        self.lexicon: StreamLexicon | None = None
+        self.ssml = None  # the incremental SSML parser of an input_format "ssml" session
+        self.actions: list = []  # what the SSML parser read from the last append, to apply in order
+        self.pauses: deque[tuple[int, float]] = deque()  # (silence after this many closed segments, seconds)
+        self.segment_start = 0  # samples before the segment now playing
 
     # The whole session -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -237,6 +248,9 @@ class _Session:
     async def _start(self, event: p.SessionUpdate) -> None:
         s, o, eid = self.s, event.options, event.event_id
         voice = await synthesis.resolve(s, o)
+        matcher = synthesis.matcher(s, o.lexicons) if not isinstance(voice, Refusal) else None
+        if isinstance(matcher, Refusal):
+            raise p.ProtocolError.of(matcher, eid)
         req = voice if isinstance(voice, Refusal) else synthesis.streamed_text(s, voice, o.seed, o.instructions)
         if not isinstance(req, Refusal):
             try:
@@ -247,6 +261,11 @@ class _Session:
             raise p.ProtocolError.of(req, eid)
         rate = o.rate(s.pipeline.sample_rate)
         self.req, self.options = req, o
+        phones = s.pipeline.frontend.phones
+        self.lexicon = StreamLexicon(matcher, phones)
+        if o.input_format == "ssml":
+            self.ssml, _ = ssml.parser(self.actions.append, phones, speed_ok=False,
+                                       speed_refusal=PROSODY_WITH_STREAMED_TEXT, max_chars=ssml.MAX_STREAMED_SSML_CHARS)
         self.rate = rate
         self.encoder = StreamEncoder(o.response_format, rate)
         self.resampler = StreamResampler(s.pipeline.sample_rate, rate) if rate != s.pipeline.sample_rate else None
@@ -255,7 +274,9 @@ class _Session:
             "type": "session.created", "event_id": eid,
             "session": {"id": self.id, "model": s.model_id, "voice": voice.name, "response_format": o.response_format,
                         "sample_rate": rate, "stream_format": o.stream_format, "seed": o.seed,
-                        "instructions": o.instructions},
+                        "instructions": o.instructions, "input_format": o.input_format,
+                        "lexicons": o.lexicons if o.lexicons is not None else
+                        [n for n in s.lexicons.defaults if n in s.lexicons.entries]},
             "limits": {"max_message_bytes": self.settings.max_body_bytes,
                        "idle_timeout_s": self.settings.stream_idle_timeout_s,
                        "send_buffer_bytes": self.settings.stream_send_buffer_bytes,
@@ -315,15 +336,60 @@ class _Session:
                 self.first_text_at = time.monotonic()
             self.total_chars += len(event.text)
             self.m.stream_characters.inc(len(event.text))
-            # tokenized off the loop: a message may hold 64 KiB of text (a tenth of a second or more)
-            await asyncio.get_running_loop().run_in_executor(self.s.stream_text, feed.push, event.text)
+            if self.ssml is not None:
+                self._parse(self.ssml.feed, event.text)
+                await self._apply()
+            else:
+                await self._push(lambda: self.lexicon.push(event.text))
             if speakable(event.text):
                 self.last_activity = time.monotonic()
             return
         closed = feed.closed_segments
+        if self.ssml is not None and isinstance(event, p.End):
+            self._parse(self.ssml.close_document)
+            await self._apply()
+        await self._push(self.lexicon.flush)
         feed.flush() if isinstance(event, p.Flush) else feed.end()
         if feed.closed_segments > closed or feed.ended:
             self.last_activity = time.monotonic()
+
+    def _parse(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except XmlError as exc:
+            raise p.ProtocolError.of(INVALID_SSML(detail=str(exc)), options=False) from None
+
+    async def _push(self, runs: list[Run] | Callable[[], list[Run]]) -> None:
+        """Text into the feed: plain runs and phone markup alike (the stream tokenizer keeps added tokens whole);
+        tokenized off the loop: a message may hold 64 KiB of text (a tenth of a second or more). `runs` may be
+        the lexicons' matching, which refuses a phoneme the model cannot say."""
+        if callable(runs):
+            try:
+                runs = runs()
+            except PronunciationError as exc:
+                raise p.ProtocolError.of(PRONUNCIATION_UNSUPPORTED(detail=sentence(str(exc)))) from None
+        text = "".join(r.text for r in runs)
+        if text:
+            await asyncio.get_running_loop().run_in_executor(self.s.stream_text, self.req.text.push, text)
+
+    async def _apply(self) -> None:
+        """The SSML parser's actions, in order."""
+        actions = list(self.actions)  # the parser appends to this very list
+        self.actions.clear()
+        for a in actions:
+            if isinstance(a, ssml.Say) and a.lexicons:
+                await self._push(lambda: self.lexicon.push(a.text))
+                continue
+            await self._push(self.lexicon.flush)
+            if isinstance(a, ssml.Say):
+                await self._push([Run(a.text)])
+            elif isinstance(a, ssml.Mark):
+                await self._push([Run(a.markup)])
+            elif isinstance(a, (ssml.Boundary, ssml.Silence)):
+                self.req.text.flush()
+                if isinstance(a, ssml.Silence):  # after the segments closed so far, whenever their audio is out
+                    self.pauses.append((self.req.text.closed_segments, a.seconds))
+                    self.req.out.put_nowait(_PAUSES_DUE)
 
     # Producing -----------------------------------------------------------------------------------------
     def _queue(self, frame: str | bytes, audio: bool = False, text_end_at: float | None = None) -> None:
@@ -379,6 +445,9 @@ class _Session:
                 self._queue_audio(await self._encode(item))
             elif isinstance(item, SegmentDone):
                 self._segment_done(item)
+                await self._pauses_due()
+            elif item is _PAUSES_DUE:
+                await self._pauses_due()
             elif isinstance(item, Done):
                 await self._finish(item)
                 return
@@ -386,12 +455,28 @@ class _Session:
     def _segment_done(self, item: SegmentDone) -> None:
         self.usage_tokens[0] += item.text_tokens
         self.usage_tokens[1] += item.speech_tokens
-        chars = self.req.text.info(item.segment).chars
+        seg = self.req.text.info(item.segment)
+        text = self.s.pipeline.frontend.tokenizer.decode(seg.tokens, skip_special_tokens=False) if seg.tokens else ""
+        start, self.segment_start = self.segment_start, self.total_samples
         self._queue(json.dumps({"type": "speech.segment.done", "segment": item.segment, "auto": item.auto,
-                                "usage": p.usage(chars, item.audio_seconds, item.text_tokens, item.speech_tokens)}),
+                                **p.segment_times(text, start, self.total_samples, self.s.pipeline.sample_rate),
+                                "usage": p.usage(seg.chars, item.audio_seconds, item.text_tokens, item.speech_tokens)}),
                     text_end_at=item.closed_at)
         self.done_segments = item.segment + 1
         self.last_activity = time.monotonic()
+
+    async def _pauses_due(self) -> None:
+        """The silence of each break whose segments before it are all out, with its segment event."""
+        while self.pauses and self.pauses[0][0] <= self.done_segments:
+            _, seconds = self.pauses.popleft()
+            silence = np.zeros(round(seconds * self.s.pipeline.sample_rate), np.float32)
+            self.total_samples += len(silence)
+            self._queue_audio(await self._encode(silence))
+            start, self.segment_start = self.segment_start, self.total_samples
+            self._queue_event({"type": "speech.segment.done", "segment": None, "break": True, "auto": False,
+                               **p.segment_times("", start, self.total_samples, self.s.pipeline.sample_rate),
+                               "usage": p.usage(0, seconds)})
+            self.last_activity = time.monotonic()
 
     async def _finish(self, item: Done) -> None:
         refused = synthesis.ended(self.s, item.outcome, item.message, streamed_text=True)
@@ -460,6 +545,9 @@ class _Session:
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # it already left
         return True
+
+
+_PAUSES_DUE = object()  # put on the request's output by the receiver: a break may be due now
 
 
 class _Ended(Exception):

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..options import VoiceRef, check_voice_shape, unicode_problem
+from ..options import MAX_LEXICONS, VoiceRef, check_lexicon_names, check_voice_shape, unicode_problem
 from ..refusals import (GOING_AWAY, INTERNAL_ERROR, INVALID_REQUEST, MESSAGE_TOO_BIG, NORMAL,  # noqa: F401 (the
                         POLICY_VIOLATION, SAMPLE_RATE_UNAVAILABLE, SPEED_WITH_STREAMED_TEXT, TRY_AGAIN_LATER,
                         UNSUPPORTED_DATA, Refusal)  # protocol's)
@@ -53,6 +53,16 @@ class SessionOptions(BaseModel):
                              "the same audio")
     speed: float = Field(1.0, ge=0.25, le=4.0)
     instructions: str | None = Field(None, max_length=4096)
+    input_format: Literal["text", "ssml"] = Field(
+        "text", description="ssml: the session's text is one SSML document, sent in pieces (<break> is silence in "
+        "place, <s>/<p> end segments; <prosody rate> is not available with streamed text)")
+    lexicons: list[str] | None = Field(None, max_length=MAX_LEXICONS, description="pronunciation lexicons by name "
+                                       "(GET /v1/audio/lexicons); omitted: the server's defaults; []: none")
+
+    @field_validator("lexicons")
+    @classmethod
+    def _lexicon_names(cls, v: list[str] | None) -> list[str] | None:
+        return check_lexicon_names(v)
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -197,6 +207,11 @@ class SessionRules:
                                 "audio.", param="type", event_id=eid)
         if isinstance(event, End):
             self.ended = True
+
+
+def segment_times(text: str, start: int, end: int, rate: int) -> dict:
+    """A segment's text and place in the session's audio (samples at the model's rate), for speech.segment.done."""
+    return {"text": text, "start_s": start / rate, "end_s": end / rate}
 
 
 def usage(characters: int, audio_seconds: float, input_tokens: int | None = None,

@@ -40,9 +40,16 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class SegmentDone:
-    segment: int
+    """A segment's audio is all out: what it said and where it is in the session's audio. A <break> of an SSML
+    session is a segment too: `segment` None, `is_break` True, `text` empty."""
+
+    segment: int | None
     usage: dict[str, Any]
     received_at: float
+    text: str = ""
+    start_s: float = 0.0
+    end_s: float = 0.0
+    is_break: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,8 @@ class SpeechStream:
                 if kind == "speech.audio.delta":
                     yield AudioChunk(base64.b64decode(event["audio"]), event.get("segment"), now)
                 elif kind == "speech.segment.done":
-                    yield SegmentDone(event["segment"], event.get("usage", {}), now)
+                    yield SegmentDone(event["segment"], event.get("usage", {}), now, event.get("text", ""),
+                                      event.get("start_s", 0.0), event.get("end_s", 0.0), event.get("break", False))
                 elif kind == "speech.audio.done":
                     yield AudioDone(event.get("usage", {}), now)
                     return
@@ -143,7 +151,8 @@ class SpeechStream:
 async def connect(base_url: str, *, api_key: str | None = None, open_timeout: float = 10.0,
                   **session: Any) -> SpeechStream:
     """Opens a session with `session` options (model, voice, response_format, sample_rate, stream_format,
-    seed, speed, instructions; None values are left out) and waits for session.created.
+    seed, speed, instructions, input_format ("ssml": the text is one SSML document sent in pieces), lexicons (a
+    list of names; [] turns the server's defaults off); None values are left out) and waits for session.created.
     Raises StreamError when the server refuses the session, or websockets' InvalidStatus (e.g. 401)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     conn = await ws_connect(stream_url(base_url), additional_headers=headers, subprotocols=[SUBPROTOCOL],

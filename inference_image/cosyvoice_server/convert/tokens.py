@@ -9,15 +9,15 @@ initials and finals (toneless and tone-marked) that a text may carry in brackets
 
 from __future__ import annotations
 
+from ..pronunciation.phones import CMU_CONSONANTS, CMU_VOWELS
+
 COSYVOICE2 = [
     "<|im_start|>", "<|im_end|>", "<|endofprompt|>", "[breath]", "<strong>", "</strong>", "[noise]", "[laughter]",
     "[cough]", "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>", "[hissing]", "[sigh]",
     "[vocalized-noise]", "[lipsmack]", "[mn]",
 ]
 
-CMU_VOWELS = "AA AE AH AO AW AY EH ER EY IH IY OW OY UH UW".split()
-CMU_CONSONANTS = "B CH D DH F G HH JH K L M N NG P R S SH T TH V W Y Z ZH".split()
-CMU_PHONES = sorted([v + stress for v in CMU_VOWELS for stress in ("", "0", "1", "2")] + CMU_CONSONANTS)
+CMU_PHONES = sorted([v + stress for v in CMU_VOWELS for stress in ("", "0", "1", "2")] + list(CMU_CONSONANTS))
 
 # The pinyin pieces CosyVoice3's vocabulary has: initials, toneless finals, and the tone-marked finals its
 # training text used (not every syllable of Mandarin has each tone).

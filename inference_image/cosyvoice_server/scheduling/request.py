@@ -74,6 +74,13 @@ class SegmentDone:
     auto: bool = False  # closed by the server (at a sentence end, or at the segment cap), not by a flush
 
 
+@dataclass
+class SegmentEnd:
+    """After the last audio of a whole-text request's segment, for requests that asked (`segment_marks`)."""
+
+    segment: int
+
+
 class TextSource(ABC):
     """A request's text as the scheduler reads it, one segment at a time."""
 
@@ -94,6 +101,7 @@ class WholeText(TextSource):
     """Text known whole at submission: its LLM segments' text tokens."""
 
     segments: list[np.ndarray]
+    speeds: list[float] | None = None  # each segment's, where they differ (SSML prosody)
 
     def last_segment(self, segment: int, decoded: bool, tokens: int, max_tokens: int) -> bool:
         # the last segment, or the request's output bound reached: no further segments
@@ -273,6 +281,8 @@ class SynthesisRequest:
     mel_seconds: float = 0.0  # audio the mel returned so far makes
     segment_samples: int = 0  # audio samples sent for the current segment (the vocoder's thread)
     segment_first_audio_at: float | None = None
+    vocoded_segments: int = 0  # segments whose audio is all out (the vocoder's thread)
+    segment_marks: bool = False  # a SegmentEnd after each whole-text segment's audio
     # The lifecycle, moved by the scheduler under its lock.
     phase: RequestPhase = RequestPhase.WAITING
     outcome: Outcome | None = None  # set when the phase becomes FINISHED
@@ -307,7 +317,11 @@ class SynthesisRequest:
         stop going before other requests' first chunks as soon as it is."""
         return self.created if self.first_mel_at is None else self.first_mel_at + self.mel_seconds
 
-    def push_segment_done(self, done: SegmentDone) -> None:
+    def speed_at(self, segment: int) -> float:
+        speeds = getattr(self.text, "speeds", None)
+        return speeds[segment] if speeds else self.speed
+
+    def push_segment_done(self, done: SegmentDone | SegmentEnd) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, done)
 
     def push_done(self, done: Done) -> None:

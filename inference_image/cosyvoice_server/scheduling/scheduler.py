@@ -37,7 +37,7 @@ from ..metrics import Metrics
 from ..streaming import Span, drop_silence, seams_of
 from .batching import StageQueue, WorkItem
 from .planning import Admission, ParkedView, RowView, admit, settle
-from .request import Done, Outcome, RequestPhase, SegmentDone, SynthesisRequest
+from .request import Done, Outcome, RequestPhase, SegmentDone, SegmentEnd, SynthesisRequest
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -614,8 +614,10 @@ class Scheduler:
             self._running["flow"] = []
 
     def _vocoder_input(self, req: SynthesisRequest, w: _VocoderWork) -> VocoderInput:
-        """As upstream `token2wav`: the chunk's mel after what its seam needs of earlier chunks."""
-        mel, cache_source = self.seams.mel(req.seam, w.mel, w.segment_final, req.speed)
+        """As upstream `token2wav`: the chunk's mel after what its seam needs of earlier chunks; `speed` (per
+        segment) stretches whole segments only."""
+        speed = req.speed_at(req.vocoded_segments)
+        mel, cache_source = self.seams.mel(req.seam, w.mel, w.segment_final, speed)
         return VocoderInput(mel, self.p.vocoder.noise(mel.shape[1], req.vocoder_rng), cache_source)
 
     def _vocoder_loop(self) -> None:
@@ -649,6 +651,9 @@ class Scheduler:
                     req.segment_samples += len(audio)
                     req.segment_first_audio_at = req.segment_first_audio_at or time.monotonic()
                 if w.segment_final:
+                    if w.usage is None and req.segment_marks:
+                        req.push_segment_done(SegmentEnd(req.vocoded_segments))
+                    req.vocoded_segments += 1
                     if w.usage is not None:
                         w.usage.audio_seconds = req.segment_samples / sr
                         w.usage.first_audio_at = req.segment_first_audio_at
