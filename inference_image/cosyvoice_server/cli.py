@@ -157,11 +157,13 @@ def _generate(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     from .convert.checkpoint import ConvertError
-    from .convert.convert import convert
+    from .convert.convert import Options, convert
     from .model.manifest import ModelLoadError
 
     try:
-        out = convert(Path(args.checkpoint), Path(args.out), [p.strip() for p in args.precision.split(",") if p.strip()], args.name)
+        aliases = dict(a.split("=", 1) for a in args.voice_alias)
+        out = convert(Path(args.checkpoint), Path(args.out), [p.strip() for p in args.precision.split(",") if p.strip()],
+                      args.name, Options(args.noise_seconds, aliases))
     except (ConvertError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -198,13 +200,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--preset", default="tiny", help="size preset (tiny)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--out", required=True)
-    c = sub.add_parser("convert", help="convert a published CosyVoice2 checkpoint into a model directory",
-                       description="Needs the 'convert' extra and upstream's model code: pip install "
-                                   "'cosyvoice-server[convert]' && pip install --no-deps cosyvoice-minicpmo==0.1.0")
-    c.add_argument("--checkpoint", required=True, help="the CosyVoice2-0.5B directory as published (cosyvoice2.yaml, llm.pt, ...)")
+    c = sub.add_parser("convert", help="convert a published CosyVoice2 or CosyVoice3 checkpoint into a model directory",
+                       description="Needs the 'convert' extra (pip install 'cosyvoice-server[convert]'); a CosyVoice2 "
+                                   "checkpoint also upstream's model code: pip install --no-deps cosyvoice-minicpmo==0.1.0")
+    c.add_argument("--checkpoint", required=True, help="the checkpoint directory as published (cosyvoice3.yaml or "
+                                                       "cosyvoice2.yaml, llm.pt, ...)")
     c.add_argument("--out", required=True, help="model directory to create (must not exist)")
     c.add_argument("--precision", default="fp32", help="fp32 or fp32,fp16 (fp16 files for the GPU)")
     c.add_argument("--name", help="model name in model.yaml and the API (default: the checkpoint directory's name)")
+    c.add_argument("--noise-seconds", type=float, help="keep this many seconds of upstream's fixed noise (default: "
+                   "all 300): it bounds the longest segment, prompt included; CosyVoice3's vocoder noise takes 864 KB a second")
+    c.add_argument("--voice-alias", action="append", default=[], metavar="ALIAS=VOICE",
+                   help="another name for a voice, e.g. alloy=dave (repeatable)")
     args = parser.parse_args(argv)
     return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "generate-model": _generate,
             "convert": _convert}[args.command](args)

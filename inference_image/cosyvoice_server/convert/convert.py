@@ -23,8 +23,9 @@ import numpy as np
 import yaml
 
 from ..frontend import END_OF_PROMPT
-from ..model.generate import LLMShape, _fp16, _save, _save_npz, build_llm
+from ..model.llm_graph import LLMShape, build_llm
 from . import build, checkpoint, hyperyaml, tokens
+from .files import fp16, save_npz, save_onnx
 from .checkpoint import COSYVOICE3, Checkpoint, ConvertError
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,8 @@ def _llm(ck: Checkpoint, out: Path, precisions: list[str]) -> dict:
         starts = state["llm_embedding.weight"].float().numpy()
     else:  # the engine reads sos and task_id from one table whatever the family
         starts = speech_embedding[[speech + r for r in layout.start_rows]]
-    _save_npz(out / "llm_embeddings.npz", {"text_embedding": state[body + "embed_tokens.weight"].float().numpy(),
-                                           "speech_embedding": speech_embedding, "llm_embedding": starts})
+    save_npz(out / "llm_embeddings.npz", {"text_embedding": state[body + "embed_tokens.weight"].float().numpy(),
+                                          "speech_embedding": speech_embedding, "llm_embedding": starts})
     sampling = llm.get("sampling")
     target = sampling.target if isinstance(sampling, hyperyaml.Call) else sampling
     if target != "cosyvoice.utils.common.ras_sampling":
@@ -124,12 +125,12 @@ def _llm(ck: Checkpoint, out: Path, precisions: list[str]) -> dict:
 def _write(model, out: Path, stem: str, precisions: list[str]) -> dict[str, str]:
     external = sum(len(t.raw_data) for t in model.graph.initializer) > EXTERNAL_DATA_BYTES
     files = {}
-    half = _fp16(model) if "fp16" in precisions else None  # before saving: external data rewrites the weights
+    half = fp16(model) if "fp16" in precisions else None  # before saving: external data rewrites the weights
     files["fp32"] = f"{stem}.fp32.onnx"
-    _save(model, out / files["fp32"], external)
+    save_onnx(model, out / files["fp32"], external)
     if half is not None:
         files["fp16"] = f"{stem}.fp16.onnx"
-        _save(half, out / files["fp16"], external)
+        save_onnx(half, out / files["fp16"], external)
     return files
 
 
@@ -183,7 +184,7 @@ def _voices(ck: Checkpoint, out: Path, ratio: int, system_prompt: list[int] | No
         if len(feat) != ratio * len(tokens):
             raise ConvertError(f"{path}: speaker {name!r} has {len(tokens)} prompt tokens but {len(feat)} prompt frames "
                                f"(expected {ratio * len(tokens)})")
-        _save_npz(out / "voices" / f"{name}.npz", {"embedding": emb.astype(np.float32), "prompt_text_tokens": text,
+        save_npz(out / "voices" / f"{name}.npz", {"embedding": emb.astype(np.float32), "prompt_text_tokens": text,
                                                    "prompt_speech_tokens": tokens, "prompt_mel": feat.astype(np.float32)})
         names.append(str(name))
     return names
@@ -200,7 +201,15 @@ def _tokenizer(ck: Checkpoint, out: Path):
     return Tokenizer.from_file(str(out / "tokenizer.json"))
 
 
-def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = None) -> Path:
+@dataclass(frozen=True)
+class Options:
+    """What `convert` may change in the directory it writes (the defaults keep everything upstream ships)."""
+
+    noise_seconds: float | None = None  # the longest segment the fixed noises cover (upstream's: 300 s)
+    aliases: dict[str, str] | None = None  # other names for voices (e.g. OpenAI's alloy), in model.yaml
+
+
+def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = None, options: Options = Options()) -> Path:
     """Writes the model repository for `ckpt` at `out` (which must not exist yet) and returns `out`."""
     unknown = sorted(set(precisions) - {"fp32", "fp16"})
     if unknown or "fp32" not in precisions:
@@ -219,7 +228,7 @@ def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = Non
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would keep the server's (non-root) user out after the rename
     try:
-        _write_repository(ck, tmp, precisions, name or ckpt.name)
+        _write_repository(ck, tmp, precisions, name or ckpt.name, options)
         from ..engine.pipeline import Pipeline
 
         for p in precisions:
@@ -283,7 +292,7 @@ def _cosyvoice2_stages(ck: Checkpoint, flow, hift, hop: int) -> tuple[list, dict
     return stages, flow_extra, {}
 
 
-def _cosyvoice3_stages(flow, hift, hop: int, tmp: Path) -> tuple[list, dict, dict]:
+def _cosyvoice3_stages(flow, hift, hop: int, tmp: Path, samples: int | None) -> tuple[list, dict, dict]:
     """CosyVoice3's stage exports, its vocoder's fixed noise, and their manifest sections."""
     from . import export_dit
 
@@ -300,11 +309,11 @@ def _cosyvoice3_stages(flow, hift, hop: int, tmp: Path) -> tuple[list, dict, dic
                        lambda p: export_dit.export_incremental_estimator(est, p, flow.output_size, flow.output_size)))
         flow_extra = {"incremental": {"files": "flow.decoder.estimator.incremental",
                                       "chunk_frames": int(est.static_chunk_size)}}
-    np.save(tmp / "hift_noise.npy", hift.fixed_noise().numpy())
+    np.save(tmp / "hift_noise.npy", hift.fixed_noise(samples).numpy())
     return stages, flow_extra, {"seams": "causal", "look_right_frames": int(hift.look_right_frames)}
 
 
-def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: str) -> None:
+def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: str, options: Options) -> None:
     flow, hift = _modules(ck)
     llm_spec = _llm(ck, tmp, precisions)
     speech = llm_spec["speech_token_size"]
@@ -322,12 +331,17 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
         raise ConvertError(f"{ck.yaml}: flow t_scheduler {cfm.t_scheduler!r}; {ck.family.title} uses 'cosine'")
     fmax = _feat_fmax(ck)
     cosyvoice3 = ck.family is COSYVOICE3
-    stages, flow_extra, streaming = (_cosyvoice3_stages(flow, hift, hop, tmp) if cosyvoice3
-                                     else _cosyvoice2_stages(ck, flow, hift, hop))
+    seconds = options.noise_seconds
+    if seconds is not None and not 0 < seconds <= cfm.rand_noise.shape[2] / (token_rate * ratio):
+        raise ConvertError(f"--noise-seconds {seconds:g}: the fixed noise covers 0 to "
+                           f"{cfm.rand_noise.shape[2] / (token_rate * ratio):g} s")
+    stages, flow_extra, streaming = (_cosyvoice3_stages(flow, hift, hop, tmp, seconds and int(seconds * sample_rate))
+                                     if cosyvoice3 else _cosyvoice2_stages(ck, flow, hift, hop))
     files = _export(stages, tmp, precisions)
     if "incremental" in flow_extra:
         flow_extra["incremental"]["files"] = files[flow_extra["incremental"]["files"]]
-    np.save(tmp / "flow_noise.npy", cfm.rand_noise[0].float().numpy())
+    frames = int(seconds * token_rate * ratio) if seconds else None
+    np.save(tmp / "flow_noise.npy", cfm.rand_noise[0, :, :frames].float().numpy())
     tok = _tokenizer(ck, tmp)
     system = None
     frontend = {"tokenizer": "tokenizer.json"}
@@ -362,7 +376,7 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
         } | flow_extra,
         "vocoder": {"files": files["hift"]} | ({"noise": "hift_noise.npy"} if cosyvoice3 else {}),
         "streaming": {"first_hop_tokens": TOKEN_HOP} | streaming,
-        "voices": {"dir": "voices", "default": voices[0]},
+        "voices": {"dir": "voices", "default": voices[0]} | ({"aliases": options.aliases} if options.aliases else {}),
         "prompt_encoders": {"campplus": "campplus.onnx", "speech_tokenizer": ck.family.speech_tokenizer, "mel_fmax": fmax},
     }
     (tmp / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True))

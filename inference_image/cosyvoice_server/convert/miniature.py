@@ -52,7 +52,9 @@ class Size:
     dit_head_dim: int = 32
     lookahead_channels: int = 64
     speakers: tuple[str, ...] = ("spk_a", "spk_b")
+    sft_speakers: int = 1  # CosyVoice2: the first ones are SFT speakers (an embedding only), the rest zero-shot
     eos_bias: float = 0.0  # added to the eos logit so random weights stop at plausible lengths
+    speech_tokens: int = 6561  # the speech vocabulary (the released models': 6561)
 
 
 SIZES = {
@@ -72,7 +74,7 @@ MINI3 = Size(qwen_hidden=64, qwen_layers=2, qwen_heads=4, qwen_kv_heads=2, qwen_
              encoder_heads=8, encoder_units=256, est_channels=64, est_head_dim=16, est_heads=2, est_blocks=1,
              est_mid_blocks=1, hift_channels=64, hift_res_kernels=(3, 7, 11), f0_channels=64, eos_bias=6.0)
 
-SPEECH_TOKENS = 6561
+SPEECH_TOKENS = 6561  # the released models' speech vocabulary
 CONFIGS = ("current", "earlier")  # upstream's CosyVoice2 example config now and before its streaming settings
 FAMILIES = ("cosyvoice2", "cosyvoice3")
 MODEL_KEYS = ("llm", "flow", "hift")
@@ -80,7 +82,7 @@ MODEL_KEYS = ("llm", "flow", "hift")
 
 def _yaml_sizes(s: Size) -> upstream_yaml.Sizes:
     return upstream_yaml.Sizes(
-        llm_hidden=s.qwen_hidden, speech_tokens=SPEECH_TOKENS, encoder_heads=s.encoder_heads,
+        llm_hidden=s.qwen_hidden, speech_tokens=s.speech_tokens, encoder_heads=s.encoder_heads,
         encoder_units=s.encoder_units, encoder_blocks=s.encoder_blocks, est_channels=s.est_channels,
         est_head_dim=s.est_head_dim, est_blocks=s.est_blocks, est_mid_blocks=s.est_mid_blocks, est_heads=s.est_heads,
         hift_channels=s.hift_channels, hift_res_kernels=s.hift_res_kernels, f0_channels=s.f0_channels, dit_dim=s.dit_dim,
@@ -193,13 +195,17 @@ def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current",
     """Writes the checkpoint directory and returns it."""
     if family == "cosyvoice3":
         return build_cosyvoice3(out, MINI3 if size == "mini" else SIZES[size], seed)
+    return build_cosyvoice2(out, SIZES[size], seed, config)
+
+
+def build_cosyvoice2(out: Path, s: Size, seed: int = 0, config: str = "current") -> Path:
+    """A CosyVoice2 checkpoint directory at sizes `s` (upstream's classes, layout and yaml)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from . import upstream
 
     upstream.load()
-    s = SIZES[size]
     out.mkdir(parents=True, exist_ok=True)
     blank = out / "CosyVoice-BlankEN"
     blank.mkdir(exist_ok=True)
@@ -221,20 +227,20 @@ def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current",
             module = configs[name]
             for p in module.parameters():  # upstream's init leaves some tensors zero; random everywhere is a harder test
                 p.add_(torch.randn_like(p) * 0.02)
-        configs["llm"].llm_decoder.bias[SPEECH_TOKENS] += s.eos_bias
-        configs["llm"].llm_decoder.bias[SPEECH_TOKENS + 1:] -= 10.0  # fill tokens: bistream only, as trained
+        configs["llm"].llm_decoder.bias[s.speech_tokens] += s.eos_bias
+        configs["llm"].llm_decoder.bias[s.speech_tokens + 1:] -= 10.0  # fill tokens: bistream only, as trained
         torch.save(configs["llm"].state_dict(), out / "llm.pt")
         torch.save(configs["flow"].state_dict(), out / "flow.pt")
         torch.save(configs["hift"].state_dict(), out / "hift.pt")
 
     # spk2info.pt as upstream writes it: SFT speakers carry only an embedding (`frontend_sft`); a speaker
     # saved by `add_zero_shot_spk` carries the whole zero-shot model input.
-    spk2info = {s.speakers[0]: {"embedding": torch.randn(1, 192)}}
-    for name in s.speakers[1:]:
+    spk2info = {name: {"embedding": torch.randn(1, 192)} for name in s.speakers[: s.sft_speakers]}
+    for name in s.speakers[s.sft_speakers:]:
         n = 17
         emb = torch.randn(1, 192)
         text = torch.randint(0, text_vocab, (1, 6), dtype=torch.int32)
-        tokens = torch.randint(0, SPEECH_TOKENS, (1, n), dtype=torch.int32)
+        tokens = torch.randint(0, s.speech_tokens, (1, n), dtype=torch.int32)
         spk2info[name] = {
             "prompt_text": text, "prompt_text_len": torch.tensor([6], dtype=torch.int32),
             "llm_prompt_speech_token": tokens, "llm_prompt_speech_token_len": torch.tensor([n], dtype=torch.int32),
@@ -243,7 +249,7 @@ def build(out: Path, size: str = "mini", seed: int = 0, config: str = "current",
             "llm_embedding": emb, "flow_embedding": emb,
         }
     torch.save(spk2info, out / "spk2info.pt")
-    _onnx_stand_ins(out, rng)
+    _onnx_stand_ins(out, rng, s.speech_tokens)
     (out / "configuration.json").write_text(json.dumps({"framework": "Pytorch", "task": "text-to-speech"}) + "\n")
     return out
 
@@ -334,7 +340,7 @@ def build_cosyvoice3(out: Path, s: Size, seed: int = 0) -> Path:
     table = builder.TABLES["cosyvoice3"]
     flow, hift = builder.build(cfg["flow"], path, table), builder.build(cfg["hift"], path, table)
     torch.manual_seed(seed)
-    speech, h = SPEECH_TOKENS, s.qwen_hidden
+    speech, h = s.speech_tokens, s.qwen_hidden
     with torch.no_grad():
         llm = {f"llm.model.{k}": v for k, v in qwen.state_dict().items()}  # lm_head shares embed_tokens' storage
         llm["speech_embedding.weight"] = torch.randn(speech + 200, h) * 0.5
@@ -365,7 +371,7 @@ def build_cosyvoice3(out: Path, s: Size, seed: int = 0) -> Path:
             "llm_embedding": emb, "flow_embedding": emb,
         }
     torch.save(spk2info, out / "spk2info.pt")
-    _onnx_stand_ins(out, rng, tokenizer_file="speech_tokenizer_v3.onnx")
+    _onnx_stand_ins(out, rng, speech, tokenizer_file="speech_tokenizer_v3.onnx")
     (out / "configuration.json").write_text(json.dumps({"framework": "Pytorch", "task": "text-to-speech"}) + "\n")
     return out
 
