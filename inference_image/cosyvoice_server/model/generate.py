@@ -245,7 +245,7 @@ def build_llm(s: LLMShape, weight: Weights) -> onnx.ModelProto:
     last = g.op("Squeeze", [g.op("Slice", [h, g.const(i64(-1)), g.const(i64(2**62)), g.const(i64(1))]), g.const(i64(1))])
     logits = linear(last, "llm_decoder", s.hidden, s.vocab, s.decoder_bias)
     g.output(logits, "logits", "float32", ["batch", s.vocab])
-    return g.model("CosyVoice LLM decoder step with KV cache")
+    return g.model("CosyVoice2 LLM decoder step with KV cache")
 
 
 def _random_llm(p: Preset, init: _Init) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
