@@ -83,9 +83,14 @@ convert: install-convert
 tools: $(VENV)/bin/python
 	$(PY) -m tools.install_k8s_tools
 
-# Starts the server on CPU with the bundled tiny model, synthesizes one sentence over HTTP, writes a WAV.
+# The model `make demo` and `make serve` use: a bundled one, tiny (CosyVoice2) or tiny3 (CosyVoice3), or a
+# model directory's path.
+MODEL ?= tiny
+MODEL_DIR = $(if $(wildcard $(MODEL)/model.yaml),$(MODEL),inference_image/cosyvoice_server/models/$(MODEL))
+
+# Starts the server on CPU with a bundled model, synthesizes one sentence over HTTP, writes a WAV.
 demo: install
-	$(PY) -m cosyvoice_server.demo --out $(DEMO_OUT)/hello.wav
+	$(PY) -m cosyvoice_server.demo --out $(DEMO_OUT)/hello.wav --model-dir "$(MODEL_DIR)"
 
 # The suite on every core (pytest-xdist): test files are spread over the workers, each file whole in one,
 # so its module-scoped servers start once. TEST_WORKERS=0 runs it in this process, one test at a time.
@@ -101,14 +106,15 @@ mutation: install-test
 	nice -n 15 $(PY) -m tools.mutation $(MUTATION_ARGS)
 
 serve: install
-	$(VENV)/bin/cosyvoice-server serve --device cpu --playground
+	$(VENV)/bin/cosyvoice-server serve --device cpu --playground --model-dir "$(MODEL_DIR)"
 
 doctor: install
 	$(VENV)/bin/cosyvoice-server doctor
 
-# Regenerates the committed tiny model (deterministic: the same bytes every time).
-tiny-model: install
-	$(VENV)/bin/cosyvoice-server generate-model --preset tiny --out inference_image/cosyvoice_server/models/tiny
+# Rebuilds the bundled models, what `convert` makes of a miniature CosyVoice2 and CosyVoice3 checkpoint
+# (deterministic: the same bytes every time).
+tiny-model: install-convert
+	$(PY) -m cosyvoice_server.convert.tiny
 
 bench: install-test
 	$(PIP) install -q -r requirements-bench.txt

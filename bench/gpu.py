@@ -18,7 +18,6 @@ from pathlib import Path
 
 
 from cosyvoice_server.gpu import nvml_devices
-from cosyvoice_server.model.generate import generate
 
 from .engine_limit import Engine
 from .run import machine, summarize
@@ -32,11 +31,19 @@ def gpu_memory_used() -> int | None:
 
 
 def ensure_model(cache: Path) -> Path:
-    """The full-size model is generated on first use (about 1.6 GB per precision) and reused after."""
+    """The full-size model (random weights at CosyVoice2-0.5B's sizes, a miniature checkpoint converted: about
+    2 GB per precision) is built on first use and reused after; the `convert` extra and upstream's CosyVoice2
+    package must be importable (carry them as wheels to a machine that reaches no network)."""
     if not (cache / "model.yaml").is_file():
+        import tempfile
+
+        from cosyvoice_server.convert.convert import convert
+        from cosyvoice_server.convert.miniature import build
+
         t0 = time.perf_counter()
-        generate(cache, "cosyvoice2", 0)
-        print(f"generated {cache} in {time.perf_counter() - t0:.0f} s", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            convert(build(Path(tmp) / "ckpt", "full"), cache, ["fp32", "fp16"])
+        print(f"built {cache} in {time.perf_counter() - t0:.0f} s", flush=True)
     return cache
 
 

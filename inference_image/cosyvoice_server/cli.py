@@ -1,4 +1,4 @@
-"""`cosyvoice-server`: serve, doctor, fetch, generate-model, convert."""
+"""`cosyvoice-server`: serve, doctor, fetch, convert."""
 
 from __future__ import annotations
 
@@ -147,13 +147,6 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from .model.generate import generate
-
-    print(generate(Path(args.out), args.preset, args.seed))
-    return 0
-
-
 def _convert(args: argparse.Namespace) -> int:
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     from .convert.checkpoint import ConvertError
@@ -196,10 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--max-files", type=int, default=defaults.max_files, help="most files in the model (default %(default)s)")
     f.add_argument("--timeout-s", type=float, default=defaults.timeout_s,
                    help="deadline for the whole fetch in seconds (default %(default)s)")
-    g = sub.add_parser("generate-model", help="build a random-weight model with CosyVoice2's structure")
-    g.add_argument("--preset", default="tiny", help="size preset (tiny)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--out", required=True)
     c = sub.add_parser("convert", help="convert a published CosyVoice2 or CosyVoice3 checkpoint into a model directory",
                        description="Needs the 'convert' extra (pip install 'cosyvoice-server[convert]'); a CosyVoice2 "
                                    "checkpoint also upstream's model code: pip install --no-deps cosyvoice-minicpmo==0.1.0")
@@ -213,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--voice-alias", action="append", default=[], metavar="ALIAS=VOICE",
                    help="another name for a voice, e.g. alloy=dave (repeatable)")
     args = parser.parse_args(argv)
-    return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "generate-model": _generate,
-            "convert": _convert}[args.command](args)
+    return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "convert": _convert}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .origins import parse_allowed_origins
 from .pronunciation.lexicon import NAME as LEXICON_NAME
 
-BUNDLED_MODEL = Path(__file__).parent / "models" / "tiny"
+BUNDLED_MODELS = Path(__file__).parent / "models"  # convert/tiny.py: tiny (CosyVoice2), tiny3 (CosyVoice3)
+BUNDLED_MODEL = BUNDLED_MODELS / "tiny"
 # Settings with no `serve` flag: a secret belongs in the environment or a file, not in argv (`ps` shows argv).
 ENV_ONLY = frozenset({"api_key", "voice_registration_key", "voice_admin_key"})
 

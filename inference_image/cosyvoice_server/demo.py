@@ -22,6 +22,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="demo-output/hello.wav")
     ap.add_argument("--text", default=TEXT)
+    ap.add_argument("--model-dir", help="the model to serve (default: the bundled CosyVoice2 model)")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -29,7 +30,8 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     env = os.environ | {"COSYVOICE_LOG_LEVEL": "warning"}
     server = subprocess.Popen([sys.executable, "-m", "cosyvoice_server.cli", "serve", "--device", "cpu",
-                               "--host", "127.0.0.1", "--port", str(port)], env=env)
+                               "--host", "127.0.0.1", "--port", str(port),
+                               *(["--model-dir", args.model_dir] if args.model_dir else [])], env=env)
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -1,4 +1,4 @@
-"""The model directory format: generation, validation and the errors a broken directory gives."""
+"""The model directory format: the bundled models, validation and the errors a broken directory gives."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import onnx
 import pytest
 import yaml
 
-from cosyvoice_server.config import BUNDLED_MODEL
+from cosyvoice_server.config import BUNDLED_MODEL, BUNDLED_MODELS
 from cosyvoice_server.engine.pipeline import Pipeline
 from cosyvoice_server.fetch import FetchError, fetch
-from cosyvoice_server.model.generate import generate
 from cosyvoice_server.model.manifest import ModelLoadError, validate_model_dir
 
 
@@ -21,23 +20,34 @@ def model(tmp_path) -> Path:
     return Path(shutil.copytree(BUNDLED_MODEL, tmp_path / "model"))
 
 
-def test_generator_reproduces_the_committed_tiny_model_byte_for_byte(tmp_path):
-    out = generate(tmp_path / "tiny", "tiny", 0)
-    committed = sorted(p.relative_to(BUNDLED_MODEL) for p in BUNDLED_MODEL.rglob("*") if p.is_file())
-    assert committed == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
-    for rel in committed:
-        assert (out / rel).read_bytes() == (BUNDLED_MODEL / rel).read_bytes(), rel
+def test_convert_reproduces_the_bundled_models_byte_for_byte(tmp_path):
+    """`make tiny-model`: what convert makes of the miniature checkpoints is what is committed."""
+    for module in ("torch", "transformers", "hyperpyyaml", "cosyvoice"):
+        pytest.importorskip(module)
+    from cosyvoice_server.convert.tiny import MODELS, build
+
+    build(tmp_path)
+    for name in MODELS:
+        committed, out = BUNDLED_MODELS / name, tmp_path / name
+        files = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()), name
+        for rel in files:
+            assert (out / rel).read_bytes() == (committed / rel).read_bytes(), (name, rel)
 
 
-def test_tiny_model_is_small_and_has_cosyvoice2_names():
-    size = sum(p.stat().st_size for p in BUNDLED_MODEL.rglob("*") if p.is_file())
-    assert size < 4 * 2**20
-    m = validate_model_dir(BUNDLED_MODEL)
-    est = onnx.load(str(BUNDLED_MODEL / m.flow.estimator.files["fp32"]))
+@pytest.mark.parametrize("name, family", [("tiny", "CosyVoice2"), ("tiny3", "CosyVoice3")])
+def test_bundled_models_are_converted_ones_of_each_family(name, family):
+    path = BUNDLED_MODELS / name
+    m = validate_model_dir(path)
+    assert m.family == family and "Converted from" in m.description
+    assert m.flow.incremental is not None  # streamed chunks compute only their new frames, as a converted model's
+    assert sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) < 64 * 2**20
+    est = onnx.load(str(path / m.flow.estimator.files["fp32"]))
     assert [i.name for i in est.graph.input] == ["x", "mask", "mu", "t", "spks", "cond", "streaming"]
     assert [o.name for o in est.graph.output] == ["estimator_out"]
     assert est.opset_import[0].version == 18
     assert (m.sample_rate, m.token_rate, m.mel_rate, m.samples_per_token) == (24000, 25, 50, 960)
+    assert sorted(p.stem for p in (path / m.voices.dir).glob("*.npz")) == ["bright", "default", "warm"]
 
 
 def test_missing_onnx_file_is_named(model):

@@ -55,6 +55,8 @@ class Size:
     sft_speakers: int = 1  # CosyVoice2: the first ones are SFT speakers (an embedding only), the rest zero-shot
     eos_bias: float = 0.0  # added to the eos logit so random weights stop at plausible lengths
     speech_tokens: int = 6561  # the speech vocabulary (the released models': 6561)
+    qwen_ids: bool = True  # CosyVoice3: special tokens at Qwen2.5's ids, as upstream's code expects (a 151936-row
+    # text embedding); False: right after the miniature's own small vocabulary
 
 
 SIZES = {
@@ -331,8 +333,9 @@ def build_cosyvoice3(out: Path, s: Size, seed: int = 0) -> Path:
     blank.mkdir(exist_ok=True)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    text_vocab = _tokenizer_files(blank, pad_to=QWEN_TEXT_TOKENS)
-    qwen = _qwen(blank, s, text_vocab, 151936 - text_vocab)  # Qwen2.5's embedding rows, as upstream's checkpoints
+    text_vocab = _tokenizer_files(blank, pad_to=QWEN_TEXT_TOKENS if s.qwen_ids else None)
+    # Qwen2.5's embedding rows, as upstream's checkpoints; else room for the special tokens after the vocabulary
+    qwen = _qwen(blank, s, text_vocab, 151936 - text_vocab if s.qwen_ids else len(tokens.COSYVOICE3) + 32)
     yaml_text = upstream_yaml.cosyvoice3(_yaml_sizes(s))
     path = out / "cosyvoice3.yaml"
     path.write_text(yaml_text)
