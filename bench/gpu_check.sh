@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check for a machine with one NVIDIA GPU that starts bare and reaches no network.
 #   bench/gpu_check.sh RESULTS_DIR [MODEL_DIR]
-# MODEL_DIR: a model directory to benchmark, e.g. one written by `cosyvoice-server convert` from
-# CosyVoice2-0.5B (default: a random-weight model at CosyVoice2's sizes, generated on first use).
+# MODEL_DIR: a model directory to benchmark, of either family, e.g. one written by `cosyvoice-server convert`
+# from Fun-CosyVoice3-0.5B or CosyVoice2-0.5B (default: a random-weight model at CosyVoice2's sizes, built on first
+# use). CosyVoice3's vocoder computes its f0 and source phase in float64, which the CUDA provider may leave to
+# the CPU: the log's session lines say where each node ran.
 # Needs, in .whl/ (prepared beforehand with `pip download --no-deps --only-binary=:all:` for that
 # machine's Python): onnxruntime-gpu and whatever of the server's dependencies the machine lacks
 # (see docs/benchmarks.md "GPU runs"). Runs the GPU-marked tests, then the full-size benchmark.

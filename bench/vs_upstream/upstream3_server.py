@@ -28,18 +28,15 @@ import types
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
 
 from cosyvoice_server.convert import upstream
 from cosyvoice_server.convert.miniature import upstream_modules
 from cosyvoice_server.frontend import TextFrontend
 from cosyvoice_server.model.manifest import load_manifest
 
-from .upstream_server import Speech
+from .upstream_server import app
 
 
 def _stand_in_torchaudio() -> None:
@@ -95,33 +92,6 @@ class Upstream:
                        "text_len": torch.tensor([len(text)], dtype=torch.int32)}
         for out in model.tts(**model_input, stream=stream):
             yield out["tts_speech"][0].numpy()
-
-
-def app(up: Upstream) -> FastAPI:
-    api = FastAPI()
-
-    @api.post("/v1/audio/speech")
-    def speech(body: Speech):
-        voice = body.voice or up.default_voice
-        segments = [s.tolist() for s in up.frontend.segments(body.input)]
-
-        def pcm():
-            for seg in segments:
-                for audio in up.tts(seg, voice, body.stream):
-                    yield (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
-
-        return StreamingResponse(pcm(), media_type="audio/pcm")
-
-    @api.get("/stats")
-    def stats():
-        with up._lock:
-            return dict(up.seconds)
-
-    @api.get("/readyz")
-    def ready():
-        return {"ok": True}
-
-    return api
 
 
 def main() -> None:

@@ -153,7 +153,9 @@ class Upstream:
         yield self._token2wav(list(tokens), spk, offset, True, cache)
 
 
-def app(up: Upstream) -> FastAPI:
+def app(up) -> FastAPI:
+    """The speech API over an upstream model wrapper (this module's Upstream, or upstream3_server's): its
+    frontend, default voice, `tts` generator of float audio, and stage seconds."""
     api = FastAPI()
 
     @api.post("/v1/audio/speech")

@@ -97,6 +97,7 @@ class IncrementalDiT(nn.Module):
 
     def forward(self, x, mask, mu, t, spks, cond, offset, commit, past, conv_state):
         from .dit_flow import apply_rotary
+        from .incremental import before_commit, sight
 
         dit = self.dit
         b, n = x.size(0), x.size(2)
@@ -105,9 +106,7 @@ class IncrementalDiT(nn.Module):
 
         def conv(module: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
             seq = torch.cat([conv_state[:, len(states)], h], dim=2)  # [B,dim,K-1+Tn]
-            # the K-1 inputs before new frame `commit` start at index `commit` of seq
-            idx = (commit.view(-1, 1, 1) + torch.arange(self.conv_frames).view(1, 1, -1)).expand(b, h.size(1), -1)
-            states.append(torch.gather(seq, 2, idx))
+            states.append(before_commit(seq, commit, self.conv_frames))
             return F.mish(F.conv1d(seq, module.weight, module.bias, groups=module.groups))
 
         temb = dit.time_embed(t)
@@ -120,11 +119,8 @@ class IncrementalDiT(nn.Module):
         residual = h
 
         frames = offset.view(-1, 1) + torch.arange(n).view(1, -1)  # [B,Tn] absolute positions
-        chunk_end = (torch.div(frames, self.chunk, rounding_mode="trunc") + 1) * self.chunk
         valid = mask[:, 0, :] > 0
-        sees_new = valid.unsqueeze(1) & (frames.unsqueeze(1) < chunk_end.unsqueeze(2))
-        sees_past = (torch.arange(past.size(2)).view(1, -1) < offset.view(-1, 1)).unsqueeze(1).expand(-1, n, -1)
-        sees = torch.cat([sees_past, sees_new], dim=2)  # [B,Tn,Tp+Tn]
+        sees = sight(mask, offset, past.size(2), n, self.chunk)
         inv = dit.rotary_embed.inv_freq
         key_pos = torch.cat([torch.arange(past.size(2)).view(1, -1).expand(b, -1), frames], dim=1).to(inv.dtype)
 

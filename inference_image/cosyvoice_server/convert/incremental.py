@@ -63,6 +63,23 @@ def not_chunk_causal(est: nn.Module) -> str | None:
     return None
 
 
+def before_commit(seq: torch.Tensor, commit: torch.Tensor, k: int) -> torch.Tensor:
+    """A causal convolution's k inputs before new frame `commit` (per row), from its input `seq` [B,C,k+Tn],
+    which begins k frames before the new ones: what the next chunk's run starts from."""
+    idx = (commit.view(-1, 1, 1) + torch.arange(k).view(1, 1, k)).expand(seq.size(0), seq.size(1), k)
+    return torch.gather(seq, 2, idx)
+
+
+def sight(mask: torch.Tensor, offset: torch.Tensor, past_frames: int, n: int, chunk: int) -> torch.Tensor:
+    """[B,Tn,Tp+Tn]: the keys each new frame attends to under the streaming chunk mask: every earlier frame (the
+    first `offset` of `past`), and the valid new frames up to the end of its own chunk."""
+    frames = offset.view(-1, 1) + torch.arange(n).view(1, -1)
+    chunk_end = (torch.div(frames, chunk, rounding_mode="trunc") + 1) * chunk
+    sees_new = (mask[:, 0, :] > 0).unsqueeze(1) & (frames.unsqueeze(1) < chunk_end.unsqueeze(2))
+    sees_past = (torch.arange(past_frames).view(1, -1) < offset.view(-1, 1)).unsqueeze(1).expand(-1, n, -1)
+    return torch.cat([sees_past, sees_new], dim=2)
+
+
 class IncrementalEstimator(nn.Module):
     """x, mask, mu, cond [B,80,Tn] (new frames), t [B], spks [B,80], offset [B] (frames before them),
     commit [B] (new frames whose states to return), past [B,L,Tp,C] (attention inputs of the first `offset`
@@ -90,10 +107,7 @@ class IncrementalEstimator(nn.Module):
         def conv(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
             i, k, c = len(states), module.causal_padding, module.in_channels
             seq = torch.cat([conv_state[:, i, :c, self.conv_frames - k:], h], dim=2)
-            # The k inputs before frame `commit` start at index `commit` of seq (it begins k frames early).
-            idx = (commit.view(-1, 1, 1) + torch.arange(k).view(1, 1, k)).expand(b, c, k)
-            kept = torch.gather(seq, 2, idx)
-            states.append(F.pad(kept, (self.conv_frames - k, 0, 0, self.conv_channels - c)))
+            states.append(F.pad(before_commit(seq, commit, k), (self.conv_frames - k, 0, 0, self.conv_channels - c)))
             return F.conv1d(seq, module.weight, module.bias)
 
         def block1d(blk: nn.Module, h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -106,12 +120,7 @@ class IncrementalEstimator(nn.Module):
             out = block1d(r.block1, h, m) + r.mlp(temb).unsqueeze(-1)
             return block1d(r.block2, out, m) + r.res_conv(h * m)
 
-        # Attention: a new frame sees the earlier frames and the new ones up to the end of its own chunk.
-        frames = offset.view(-1, 1) + torch.arange(n).view(1, -1)  # [B,Tn]
-        chunk_end = (torch.div(frames, self.chunk, rounding_mode="trunc") + 1) * self.chunk
-        sees_new = (mask[:, 0, :] > 0).unsqueeze(1) & (frames.unsqueeze(1) < chunk_end.unsqueeze(2))
-        sees_past = (torch.arange(past.size(2)).view(1, -1) < offset.view(-1, 1)).unsqueeze(1).expand(-1, n, -1)
-        bias = (1.0 - torch.cat([sees_past, sees_new], dim=2).to(x.dtype)) * -1.0e10  # upstream's mask_to_bias
+        bias = (1.0 - sight(mask, offset, past.size(2), n, self.chunk).to(x.dtype)) * -1.0e10  # upstream's mask_to_bias
 
         def transformers(group: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
             h = h.transpose(1, 2)
