@@ -155,8 +155,13 @@ def _convert(args: argparse.Namespace) -> int:
 
     try:
         aliases = dict(a.split("=", 1) for a in args.voice_alias)
+        voices = {}
+        for v in args.voice:
+            name, _, rest = v.partition("=")
+            clip, _, transcript = rest.partition(":")
+            voices[name] = (Path(clip), transcript or None)
         out = convert(Path(args.checkpoint), Path(args.out), [p.strip() for p in args.precision.split(",") if p.strip()],
-                      args.name, Options(args.noise_seconds, aliases))
+                      args.name, Options(args.noise_seconds, aliases, voices))
     except (ConvertError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -201,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                    "all 300): it bounds the longest segment, prompt included; CosyVoice3's vocoder noise takes 864 KB a second")
     c.add_argument("--voice-alias", action="append", default=[], metavar="ALIAS=VOICE",
                    help="another name for a voice, e.g. alloy=dave (repeatable)")
+    c.add_argument("--voice", action="append", default=[], metavar="NAME=CLIP[:TRANSCRIPT]",
+                   help="a voice from a clip (WAV, FLAC, MP3 or Ogg, 30 s at most) and the words spoken in it, made as "
+                        "the server registers one; without a transcript a cross-lingual voice; the first is the default "
+                        "(repeatable; needed for a checkpoint without spk2info.pt)")
     args = parser.parse_args(argv)
     return {"serve": _serve, "doctor": _doctor, "fetch": _fetch, "convert": _convert}[args.command](args)
 

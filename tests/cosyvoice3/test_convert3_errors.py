@@ -60,3 +60,36 @@ def test_a_damaged_cosyvoice3_checkpoint_gets_one_line_and_no_output(case, golde
     for needle in needles:
         assert needle in err[0], err[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".model")]
+
+
+def test_a_release_without_spk2info_is_refused_without_a_voice_and_converts_with_one(golden, tmp_path, capsys):
+    """Releases may ship no saved speakers: convert says how to give one, and --voice makes it from a clip as
+    the server registers one (CosyVoice3's system prompt before the transcript, the whole-band prompt mel)."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from cosyvoice_server.engine.pipeline import Pipeline
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(golden / "ckpt", ckpt)
+    (ckpt / "spk2info.pt").unlink()
+    assert main(["convert", "--checkpoint", str(ckpt), "--out", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err
+    assert "no speakers" in err and "--voice NAME=CLIP.wav:TRANSCRIPT" in err and not (tmp_path / "none").exists()
+    with np.load(golden / "feat.npz") as f:
+        clip, feat = f["clip_24k"].ravel(), f["speech_feat"].reshape(-1, 80)
+    buf = io.BytesIO()
+    sf.write(buf, clip, 24000, format="WAV", subtype="FLOAT")
+    (tmp_path / "rita.wav").write_bytes(buf.getvalue())
+    out = tmp_path / "model"
+    assert main(["convert", "--checkpoint", str(ckpt), "--out", str(out), "--voice",
+                 f"rita={tmp_path / 'rita.wav'}:A clip of my voice.", "--voice", f"cross={tmp_path / 'rita.wav'}"]) == 0
+    p = Pipeline(out, "cpu", "fp32")
+    assert p.manifest.voices.default == "rita" and sorted(p.voices) == ["cross", "rita"]
+    rita = p.voices["rita"]
+    assert list(rita.prompt_text_tokens) == p.frontend.encode("You are a helpful assistant.<|endofprompt|>A clip of my voice.")
+    assert np.abs(rita.prompt_mel - feat[: len(rita.prompt_mel)]).max() < 1e-4
+    assert p.voices["cross"].cross_lingual
+    assert list(p.voices["cross"].prompt_text_tokens) == p.frontend.encode("You are a helpful assistant.<|endofprompt|>")

@@ -5,7 +5,7 @@ imported or called, and a tag outside upstream's own classes and functions is re
 
 The directory as its authors ship it: `cosyvoice2.yaml` or `cosyvoice3.yaml` (hyperpyyaml), `llm.pt`,
 `flow.pt`, `hift.pt`, `campplus.onnx`, the speech tokenizer (`speech_tokenizer_v2.onnx` / `_v3.onnx`),
-`spk2info.pt`, `CosyVoice-BlankEN/` (Qwen2 config and tokenizer). Sizes come from the yaml, the Qwen2 config
+`CosyVoice-BlankEN/` (Qwen2 config and tokenizer), and `spk2info.pt` where the release has saved speakers. Sizes come from the yaml, the Qwen2 config
 and the tensors, never from constants here. As upstream's `AutoModel`, the yaml's name says the family.
 """
 
@@ -34,7 +34,7 @@ class Family:
 
     @property
     def files(self) -> tuple[str, ...]:
-        return (self.yaml, "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", self.speech_tokenizer, "spk2info.pt",
+        return (self.yaml, "llm.pt", "flow.pt", "hift.pt", "campplus.onnx", self.speech_tokenizer,
                 "CosyVoice-BlankEN/config.json")
 
 

@@ -14,6 +14,7 @@ temporary directory beside `--out`, loaded by the engine to validate it, and onl
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -159,12 +160,11 @@ def _modules(ck: Checkpoint):
 def _voices(ck: Checkpoint, out: Path, ratio: int, system_prompt: list[int] | None) -> list[str]:
     """spk2info.pt -> voices/<speaker>.npz: SFT speakers (an embedding) and saved zero-shot speakers
     (embedding, prompt text, prompt speech tokens and features). `system_prompt`: CosyVoice3's system prompt
-    and <|endofprompt|> as ids, put before a prompt text that lacks them (upstream refuses such a prompt)."""
+    and <|endofprompt|> as ids, put before a prompt text that lacks them (upstream refuses such a prompt). A
+    release without spk2info.pt (or with an empty one) has no voices of its own."""
     path = ck.path("spk2info.pt")
-    info = checkpoint.load_state(path)
-    if not info:
-        raise ConvertError(f"{path}: no speakers")
     (out / "voices").mkdir()
+    info = checkpoint.load_state(path) if path.is_file() else {}
     names = []
     for name, spk in info.items():
         if not isinstance(spk, dict) or not ({"embedding", "flow_embedding"} & set(spk)):
@@ -207,6 +207,9 @@ class Options:
 
     noise_seconds: float | None = None  # the longest segment the fixed noises cover (upstream's: 300 s)
     aliases: dict[str, str] | None = None  # other names for voices (e.g. OpenAI's alloy), in model.yaml
+    # name -> a clip and its transcript: voices made as the server registers one (cross-lingual without a
+    # transcript), before the checkpoint's own; the first is the default
+    voices: dict[str, tuple[Path, str | None]] | None = None
 
 
 def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = None, options: Options = Options()) -> Path:
@@ -350,7 +353,11 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
         frontend["system_prompt"] = SYSTEM_PROMPT
         llm_spec |= {"bistream_prompt_head": tok.token_to_id(END_OF_PROMPT), "silent_tokens": SILENT_TOKENS,
                      "max_silent_run": MAX_SILENT_RUN}
-    voices = _voices(ck, tmp, ratio, system)
+    clips = options.voices or {}
+    voices = [*clips, *(v for v in _voices(ck, tmp, ratio, system) if v not in clips)]
+    if not voices:
+        raise ConvertError(f"{ck.path('spk2info.pt')}: the checkpoint has no speakers (the file is missing or empty); "
+                           "give the model a voice with --voice NAME=CLIP.wav:TRANSCRIPT")
     for f in ("campplus.onnx", ck.family.speech_tokenizer):
         shutil.copyfile(ck.path(f), tmp / f)
     manifest = {
@@ -380,3 +387,29 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
         "prompt_encoders": {"campplus": "campplus.onnx", "speech_tokenizer": ck.family.speech_tokenizer, "mel_fmax": fmax},
     }
     (tmp / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True))
+    for voice, (clip, transcript) in clips.items():
+        _clip_voice(tmp, voice, clip, transcript)
+
+
+def _clip_voice(model: Path, name: str, clip: Path, transcript: str | None) -> None:
+    """voices/<name>.npz from a clip, computed by the converted model's prompt encoders as registration does."""
+    from ..engine.pipeline import save_voice
+    from ..frontend import TextFrontend
+    from ..model.manifest import VOICE_NAME, load_manifest
+    from ..voices.clip import ClipRejected, decode
+    from ..voices.features import ClipError, PromptEncoder
+
+    if not re.match(VOICE_NAME, name):
+        raise ConvertError(f"--voice {name}=...: not a voice name (letters, digits, '_', '.', '-')")
+    try:
+        data = clip.read_bytes()
+    except OSError as exc:
+        raise ConvertError(f"--voice {name}={clip}: {exc.strerror or exc}") from exc
+    m = load_manifest(model)
+    try:
+        c = decode(data, clip.name)
+        voice = PromptEncoder(model, m, TextFrontend.of_model(model, m.frontend)).extract(c.audio, c.sample_rate,
+                                                                                          transcript, name)
+    except (ClipRejected, ClipError) as exc:
+        raise ConvertError(f"--voice {name}={clip}: {exc.message}") from exc
+    save_voice(model / m.voices.dir / f"{name}.npz", voice)
