@@ -53,9 +53,9 @@ async def one(client: httpx.AsyncClient, text: str, seed: int, stream: bool, voi
     return Result(r.status_code, time.perf_counter() - t0, ttfa, n / 48000 if r.status_code == 200 else 0.0, t0)
 
 
-def clients(url: str, n: int) -> list[httpx.AsyncClient]:
+def clients(url: str, n: int, timeout: float = 300) -> list[httpx.AsyncClient]:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    return [httpx.AsyncClient(base_url=url, timeout=300, limits=limits) for _ in range(n)]
+    return [httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) for _ in range(n)]
 
 
 async def drive(send: Callable[[int, int], Awaitable[Result]], concurrency: int, duration: float,

@@ -140,7 +140,7 @@ class Served:
 
 async def level(s: Served, concurrency: int, requests: int, seed: int, voice: str | None = None) -> dict:
     before = s.stage_seconds()
-    cls = clients(s.url, 1)
+    cls = clients(s.url, 1, timeout=3600)  # at real size a saturated CPU leaves minutes between a stream's chunks
     results = []
 
     async def user(i: int) -> None:

@@ -28,11 +28,17 @@ STREAMED = ("river_stream", "lamp_stream", "market_stream")
 WHOLE = ("river_whole", "lamp_whole", "short_whole")
 
 
+PHONES = ('<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="x-cmu">'
+          '<lexeme><grapheme>minute</grapheme><phoneme>M AY1 N UW1 T</phoneme></lexeme></lexicon>')
+
+
 @pytest.fixture(scope="module")
 def served(cv3_model, server_process, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cv3-server")
+    (tmp / "lexicons" / "phones").mkdir(parents=True)
+    (tmp / "lexicons" / "phones" / "phones.pls").write_text(PHONES)
     s = server_process(tmp, "--model-dir", str(cv3_model), "--voice-store-dir", str(tmp / "store"),
-                       "--allow-voice-registration",
+                       "--allow-voice-registration", "--lexicon-dir", str(tmp / "lexicons"),
                        env={"COSYVOICE_API_KEY": API_KEY, "COSYVOICE_VOICE_REGISTRATION_KEY": REGISTRATION_KEY}).wait_ready()
     s.store = tmp / "store"
     yield s
@@ -164,3 +170,17 @@ def test_instructions_are_followed_in_cosyvoice3s_format(served):
                    json={"model": "tts-1", "input": "good night.", "voice": "erin", "response_format": "pcm",
                          "instructions": "Please speak slowly and warmly."})
     assert r.status_code == 200 and len(r.content) > 0
+
+
+def test_a_lexicons_phoneme_rule_speaks_cosyvoice3s_phone_markup(served):
+    """A PLS rule with CMU phones says the word as the same text with CosyVoice3's phone tokens would: the same
+    audio, sample for sample (greedy decoding)."""
+    def say(text: str, **extra) -> bytes:
+        r = httpx.post(served.url + "/v1/audio/speech", headers=SYNTH, timeout=120,
+                       json={"model": "tts-1", "input": text, "voice": "dave", "response_format": "pcm"} | extra)
+        assert r.status_code == 200, r.text
+        return r.content
+
+    ruled = say("say minute please.", lexicons=["phones"])
+    assert ruled == say("say [M][AY1][N][UW1][T] please.")
+    assert ruled != say("say minute please.", lexicons=[])
