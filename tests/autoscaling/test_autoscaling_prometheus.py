@@ -80,7 +80,7 @@ async def test_scales_up_on_real_metrics_then_holds_when_prometheus_stops(
     body = {"apiVersion": "tts.cosyvoice.dev/v1alpha1", "kind": "CosyVoiceService",
             "metadata": {"name": NAME, "namespace": NS},
             "spec": {"replicas": 1, "autoscaling": {
-                "enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQPSPerReplica": 1.5,
+                "enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetQPSPerReplica": 0.5,
                 "targetP95LatencyMs": 5000, "intervalSeconds": 1,
                 # no scale-down window: only the missing metrics can keep the replicas up at the end
                 "scaleDown": {"stabilizationWindowSeconds": 0},

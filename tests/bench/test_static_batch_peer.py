@@ -22,5 +22,6 @@ def test_each_request_of_a_batch_gets_its_audio_as_when_alone(pipeline):
     assert [len(a) > 0 for a in batched] == [True, True, False]  # nothing to say: no audio
     for (text, seed), audio in zip(requests[:2], batched):
         alone = synthesize_batch(pipeline, [(text, seed)])[0]
-        assert audio.dtype == np.float32 and np.array_equal(alone, audio)
+        # the same tokens, so the same length; the flow batches rows of other lengths, within float rounding
+        assert audio.dtype == np.float32 and audio.shape == alone.shape and np.abs(alone - audio).max() < 1e-5
         assert len(audio) % (pipeline.manifest.token_mel_ratio * pipeline.vocoder.hop) == 0  # whole tokens

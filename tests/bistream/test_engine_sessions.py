@@ -43,8 +43,9 @@ async def wait_for(cond, timeout: float = 30) -> None:
 
 async def test_a_session_parks_and_rejoins_while_whole_text_requests_share_the_batch(tiny, serve, monkeypatch):
     state = serve(tiny)
-    texts = ["The first whole text request of this test.", "A second one, somewhat longer than the first one is.",
-             "Third."]
+    # long enough to still decode while the session's slow text arrives
+    texts = [" ".join(["The first whole text request of this test."] * 4),
+             " ".join(["A second one, somewhat longer than the first one is."] * 4), "Third."]
     alone = [await whole_text(state, t, 10 + i) for i, t in enumerate(texts)]
     session_alone = await speak(state, [w + " " for w in WORDS], seed=3)
 

@@ -99,7 +99,8 @@ MALICIOUS = {
                                                .read_bytes()[:2000]) and p, ["corrupt or unsupported archive"]),
     "not-an-archive": (lambda p: p.write_bytes(b"<html>not a model</html>") and p, ["not a tar", "or zip archive"]),
     "no-model": (lambda p: _tar(p, lambda tf: add_bytes(tf, "readme.txt", b"hello")), ["no model.yaml"]),
-    "two-models": (lambda p: _tar(p, lambda tf: (tf.add(BUNDLED_MODEL, "a"), tf.add(BUNDLED_MODEL, "b"))),
+    "two-models": (lambda p: _tar(p, lambda tf: [add_bytes(tf, f"{d}/model.yaml", (BUNDLED_MODEL / "model.yaml").read_bytes())
+                                                  for d in ("a", "b")]),
                    ["no model.yaml at the top or in exactly one folder"]),
 }
 

@@ -131,9 +131,12 @@ def test_frontend_normalizes_and_segments_as_upstream():
     assert normalize("  Ｈｅｌｌｏ\u0007\n\n world！ ") == "Ｈｅｌｌｏ world！"
     assert fe.texts("I have 3 cats and 12 dogs") == ["I have three cats and twelve dogs."]  # wetext, then a stop
     assert "二零二四" in fe.texts("今天是2024年1月3日")[0]
-    sentence = "This sentence has a handful of words in it. "  # 44 byte-level tokens
-    texts = fe.texts(sentence * 5 + "Short.")
-    assert len(texts) == 3 and texts[-1].endswith("in it. Short.")  # 60-80 per segment; a short tail joins
+    sentence = "This sentence has a handful of words in it. "
+    n = len(fe.encode(sentence.strip()))
+    texts = fe.texts(sentence * (200 // n) + "Short.")
+    assert len(texts) >= 2 and texts[-1].endswith("in it. Short.")  # a short tail joins the segment before it
+    # a segment closes once it has more than 60 tokens and the next sentence would take it past 80
+    assert all(len(fe.encode(t)) > 60 and len(fe.encode(t)) + n > 80 for t in texts[:-1])
     assert fe.texts("?!") == []  # punctuation only: nothing to say
     raw = TextFrontend(BUNDLED_MODEL / "tokenizer.json", 80, text_frontend=False)
     assert raw.texts("I have 3 cats. And more.") == ["I have 3 cats. And more."]  # text_frontend=False: as is

@@ -38,7 +38,12 @@ def test_wav_is_valid_and_as_long_as_its_speech_tokens(server):
     audio, sr = sf.read(io.BytesIO(data), dtype="int16")
     tokens = int(r.headers["x-speech-tokens"])
     # CosyVoice2 bounds the token count by text length (2x..20x the text tokens)
-    assert 2 * len(SENTENCE) <= tokens <= 20 * len(SENTENCE)
+    from cosyvoice_server.config import BUNDLED_MODEL
+    from cosyvoice_server.frontend import TextFrontend
+    from cosyvoice_server.model.manifest import load_manifest
+
+    text = sum(len(s) for s in TextFrontend.of_model(BUNDLED_MODEL, load_manifest(BUNDLED_MODEL).frontend).segments(SENTENCE))
+    assert 2 * text <= tokens <= 20 * text
     assert len(audio) == tokens * SAMPLES_PER_TOKEN
     assert np.abs(audio).max() > 0
     assert float(r.headers["x-audio-duration-seconds"]) == pytest.approx(len(audio) / 24000, abs=1e-3)
@@ -108,14 +113,18 @@ def test_models_lists_the_served_model(server):
     # the fields OpenAI's SDKs parse
     assert card["object"] == "model" and isinstance(card["created"], int) and card["owned_by"]
     assert speech(server.url, model=model_id).status_code == 200
-    # what a client can rely on, listed rather than learned from a 400: the tiny model takes no instructions
+    # what a client can rely on, listed rather than learned from a 400: the model takes instructions, with a
+    # voice that has prompt speech (the bundled CosyVoice2 model's default voice is an SFT speaker)
     caps = httpx.get(server.url + f"/v1/models/{model_id}").json()["capabilities"]
     assert caps == card["capabilities"]
+    assert caps["family"] == "CosyVoice2"
     assert caps["sample_rate"] == 24000 and {"mp3", "opus", "pcm", "wav"} <= set(caps["response_formats"])
     assert caps["stream_formats"] == ["audio", "sse"] and caps["voice_cloning"] is False
-    assert caps["instructions"] is False
+    assert caps["instructions"] is True
     r = speech(server.url, instructions="Speak slowly.")
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
+    assert "without prompt speech" in r.json()["error"]["message"]
+    assert speech(server.url, instructions="Speak slowly.", voice="warm").status_code == 200
 
 
 def test_streamed_wav_arrives_in_order_before_synthesis_ends(server):
