@@ -25,7 +25,7 @@ VOICES = ("default", "bright", "warm")
 # The released models' structure at small sizes, a speech vocabulary of 512 (the released models': 6561) and a
 # text vocabulary of the miniature's own ids to keep the embeddings small. CosyVoice2's flow encoder stays 512
 # wide whatever the config says (upstream's PreLookaheadLayer and Upsample1D have 512 channels built in): at one
-# conformer block and 64 linear units it is 10.6 M parameters, most of the model.
+# conformer block and 64 linear units it is 10.9 M parameters, most of the model.
 TINY2 = dataclasses.replace(miniature.SIZES["mini"], speakers=VOICES, sft_speakers=2, speech_tokens=512,
                             encoder_units=64)
 TINY3 = dataclasses.replace(miniature.MINI3, speakers=VOICES, speech_tokens=512, hift_channels=32,
