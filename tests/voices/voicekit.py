@@ -52,11 +52,23 @@ def _children(pid: int) -> list[int]:
 
 def policies(pid: int) -> set[tuple[int, int]]:
     """(scheduling policy, nice) of every thread of a process (proc(5) fields 41 and 19)."""
-    return {(int(_stat(f"{pid}/task/{t.name}")[38]), int(_stat(f"{pid}/task/{t.name}")[16]))
-            for t in Path(f"/proc/{pid}/task").iterdir()}
+    out = set()
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = _stat(f"{pid}/task/{t.name}")
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        out.add((int(fields[38]), int(fields[16])))
+    return out
 
 
 def extraction_workers(server: int) -> list[int]:
     """The server's child processes that run in the background (the text workers run at its own priority)."""
-    return [k for k in _children(server) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()
-            and policies(k) != policies(server)]
+    workers = []
+    for k in _children(server):
+        try:
+            if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes() and policies(k) != policies(server):
+                workers.append(k)
+        except FileNotFoundError:  # a worker that ended meanwhile (killed and being replaced)
+            pass
+    return workers
