@@ -168,8 +168,9 @@ def test_streamed_segments_computed_incrementally_match_upstream_every_chunk(pip
             rows = [i for i, p in enumerate(plans) if k < len(p)]
             for i, mel in zip(rows, flow.run([plans[i][k] for i in rows])):
                 batched[i].append(mel)
-                if k == 0:  # the first chunk's complete chunks are kept, and only those
+                if k == 0:  # the first chunk's complete chunks are kept, and only those, the encoder's too
                     assert caches[i].frames == plans[i][0].token_len * 2 // 50 * 50 or caches[i].closed
+                    assert caches[i].closed or caches[i].encoder.tokens * 2 == caches[i].frames
                 if caches[i].closed and k + 1 < len(plans[i]) and plans[i][k + 1].streaming:
                     dropped.add(i)
     finally:
@@ -192,6 +193,54 @@ def test_streamed_segments_computed_incrementally_match_upstream_every_chunk(pip
         assert e <= TOL
 
 
+def _without_incremental_encoder(model, tmp_path):
+    """The model as convert wrote it before the encoder had an incremental graph: no `flow.incremental.encoder`."""
+    import yaml
+
+    old = tmp_path / "model"
+    old.mkdir()
+    for f in model.iterdir():
+        if f.name != "model.yaml":
+            (old / f.name).symlink_to(f)
+    m = yaml.safe_load((model / "model.yaml").read_text())
+    del m["flow"]["incremental"]["encoder"]
+    (old / "model.yaml").write_text(yaml.safe_dump(m, sort_keys=False))
+    return old
+
+
+def test_streamed_chunks_through_the_incremental_encoder_are_a_model_without_its(pipeline, converted, tmp_path,
+                                                                                  monkeypatch):
+    """Three segments streamed side by side (caches of different lengths in every batch): the encoder runs over
+    each chunk's tokens after the segment's settled ones, and every chunk's mel is the one a model without the
+    incremental encoder computes (re-running the encoder over the prefix), within the parity tolerance."""
+    from cosyvoice_server.engine.pipeline import Pipeline
+
+    old = Pipeline(_without_incremental_encoder(converted, tmp_path), "cpu", "fp32")
+    flow = pipeline.flow
+    assert flow.incremental_encoder is not None and old.flow.incremental_encoder is None
+    assert old.flow.incremental is not None  # the estimator still computes new frames only
+    rng = np.random.default_rng(6)
+    segments = [(rng.integers(0, 6561, n).tolist(), speaker) for n, speaker in ((260, "spk_b"), (140, "spk_a"), (90, "spk_b"))]
+    fed = []  # per encoder run: (offset, token_len) per row
+    real = flow.incremental_encoder
+    monkeypatch.setattr(flow, "incremental_encoder", type("Spy", (), {"run": lambda self, out, feed: (
+        fed.append(list(zip(feed["offset"].tolist(), feed["token_len"].tolist()))), real.run(out, feed))[1]})())
+    mels: dict[str, list[list[np.ndarray]]] = {}
+    for name, p in (("incremental", pipeline), ("re-run", old)):
+        plans = [_segment_chunks(p, t, spk, p.flow.new_cache()) for t, spk in segments]
+        mels[name] = [[] for _ in plans]
+        for k in range(max(map(len, plans))):
+            rows = [i for i, plan in enumerate(plans) if k < len(plan)]
+            for i, mel in zip(rows, p.flow.run([plans[i][k] for i in rows])):
+                mels[name][i].append(mel)
+        assert p.flow.ledger.used == 0
+    assert any(len({o for o, _ in batch}) > 1 for batch in fed)  # rows of different cache lengths together
+    assert max(o for batch in fed for o, _ in batch) >= 100  # later chunks start after whole chunks of tokens
+    err = max(float(np.abs(a - b).max()) for x, y in zip(mels["incremental"], mels["re-run"]) for a, b in zip(x, y))
+    report("flow mel streamed, incremental encoder vs re-run encoder", err)
+    assert err <= TOL
+
+
 def test_a_voices_prompt_states_are_computed_once_and_every_later_chunk_is_upstreams(pipeline, reference, monkeypatch):
     """A voice with a 3 s-like prompt: its first streamed segment keeps the prompt's settled states, and the
     voice's later segments (two at once) start their first chunk after them. Every chunk's mel is still
@@ -210,20 +259,23 @@ def test_a_voices_prompt_states_are_computed_once_and_every_later_chunk_is_upstr
     spk = {"embedding": torch.from_numpy(emb)[None], "prompt_token": torch.from_numpy(tokens.astype(np.int32))[None],
            "prompt_feat": torch.from_numpy(mel)[None]}
     assert flow.prompt_frames(n) == 100
-    offsets = []  # the first frame each masked run computes
-    real = flow.incremental
-    monkeypatch.setattr(flow, "incremental", type("Spy", (), {"run": lambda self, out, feed: (
-        offsets.append(int(feed["offset"][0])), real.run(out, feed))[1]})())
+    offsets, tokens_from = [], []  # the first frame each masked run computes, the first token its encoder does
+    for name, into in (("incremental", offsets), ("incremental_encoder", tokens_from)):
+        real = getattr(flow, name)
+        monkeypatch.setattr(flow, name, type("Spy", (), {"run": lambda self, out, feed, real=real, into=into: (
+            into.append(int(feed["offset"][0])), real.run(out, feed))[1]})())
     segments = [rng.integers(0, 6561, k).tolist() for k in (140, 77, 100)]
     plans = [_segment_chunks(pipeline, t, "long", flow.new_cache()) for t in segments]
     got: list[list[np.ndarray]] = [[flow.run([c])[0] for c in plans[0]], [], []]
     assert flow.prompt_cache_bytes >= 100 * flow.cache_bytes_per_frame()  # the prompt's frames (and conv inputs)
     offsets.clear()
+    tokens_from.clear()
     for k in range(max(len(plans[1]), len(plans[2]))):
         rows = [i for i in (1, 2) if k < len(plans[i])]
         for i, m in zip(rows, flow.run([plans[i][k] for i in rows])):
             got[i].append(m)
     assert offsets[0] == 100  # the later segments' first chunks began after the voice's prompt states
+    assert tokens_from[0] == 50  # and their encoder after the prompt's settled tokens
     assert flow.ledger.used == flow.prompt_cache_bytes > 0  # the segments gave theirs back; the voice's stays
     err = 0.0
     for t, chunks, mels in zip(segments, plans, got):

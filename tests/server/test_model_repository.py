@@ -12,7 +12,7 @@ import yaml
 from cosyvoice_server.config import BUNDLED_MODEL, BUNDLED_MODELS
 from cosyvoice_server.engine.pipeline import Pipeline
 from cosyvoice_server.fetch import FetchError, fetch
-from cosyvoice_server.model.manifest import ModelLoadError, validate_model_dir
+from cosyvoice_server.model.manifest import ModelLoadError, load_manifest, validate_model_dir
 
 
 @pytest.fixture
@@ -147,10 +147,53 @@ def test_the_interface_check_reads_what_onnx_load_reads(model):
 
     for path in sorted(model.glob("*.onnx")):
         full = onnx.load(str(path), load_external_data=False)
-        inputs, outputs, init_names = _interface(path)
+        inputs, outputs, init_names, external = _interface(path)
         assert [v.SerializeToString() for v in inputs] == [v.SerializeToString() for v in full.graph.input], path
         assert [v.SerializeToString() for v in outputs] == [v.SerializeToString() for v in full.graph.output], path
         assert init_names == {t.name for t in full.graph.initializer}, path
+        assert external == {d.value for t in full.graph.initializer for d in t.external_data if d.key == "location"}
+    assert {p.name for p in model.glob("flow_encoder*")} == {  # the encoder's two graphs keep one copy of its weights
+        "flow_encoder.fp32.onnx", "flow_encoder.incremental.fp32.onnx", "flow_encoder.fp32.weights"}
+    assert _interface(model / "flow_encoder.incremental.fp32.onnx")[3] == {"flow_encoder.fp32.weights"}
+
+
+def test_missing_weights_and_an_incremental_encoder_without_its_chunk_are_named(model):
+    (model / "flow_encoder.fp32.weights").unlink()
+    with pytest.raises(ModelLoadError, match=r"flow_encoder\.fp32\.weights: missing \(the weights of flow_encoder\.fp32\.onnx\)"):
+        validate_model_dir(model)
+    man = yaml.safe_load((model / "model.yaml").read_text())
+    del man["flow"]["incremental"]["encoder_chunk_tokens"]
+    (model / "model.yaml").write_text(yaml.safe_dump(man))
+    with pytest.raises(ModelLoadError, match=r"flow\.incremental: Value error, encoder needs encoder_chunk_tokens"):
+        load_manifest(model)
+
+
+@pytest.mark.parametrize("location", ["../outside.weights", "/etc/passwd", "sub/flow_encoder.fp32.weights", ".."])
+def test_weights_outside_the_model_directory_are_refused(model, location, tmp_path):
+    """A graph naming weights elsewhere (another directory, an absolute path) is refused before the runtime
+    would open them."""
+    import onnx
+
+    (tmp_path / "outside.weights").write_bytes((model / "flow_encoder.fp32.weights").read_bytes())
+    graph = onnx.load(str(model / "flow_encoder.fp32.onnx"), load_external_data=False)
+    for t in graph.graph.initializer:
+        for d in t.external_data:
+            if d.key == "location":
+                d.value = location
+    onnx.save(graph, str(model / "flow_encoder.fp32.onnx"))
+    with pytest.raises(ModelLoadError, match=r"flow_encoder\.fp32\.onnx: its weights must lie in a file beside it"):
+        validate_model_dir(model)
+
+
+def test_a_model_without_an_incremental_encoder_re_runs_the_encoder(model):
+    """A model converted before the encoder had its incremental graph: streamed chunks re-run the encoder."""
+    man = yaml.safe_load((model / "model.yaml").read_text())
+    del man["flow"]["incremental"]["encoder"]
+    (model / "model.yaml").write_text(yaml.safe_dump(man))
+    (model / "flow_encoder.incremental.fp32.onnx").unlink()
+    p = Pipeline(model, "cpu")
+    assert p.flow.incremental is not None and p.flow.incremental_encoder is None
+    assert p.flow.cache_bytes_per_frame() < Pipeline(BUNDLED_MODEL, "cpu").flow.cache_bytes_per_frame()
 
 
 @pytest.mark.parametrize("cut", [0, 1, 7, 0.5, -3])

@@ -26,7 +26,7 @@ import yaml
 from ..frontend import END_OF_PROMPT
 from ..model.llm_graph import LLMShape, build_llm
 from . import build, checkpoint, hyperyaml, tokens
-from .files import fp16, save_npz, save_onnx
+from .files import fp16, save_npz, save_onnx, save_onnx_sharing_weights
 from .checkpoint import COSYVOICE3, Checkpoint, ConvertError
 
 log = logging.getLogger(__name__)
@@ -244,15 +244,25 @@ def convert(ckpt: Path, out: Path, precisions: list[str], name: str | None = Non
 
 
 def _export(stages: list, tmp: Path, precisions: list[str]) -> dict[str, dict[str, str]]:
-    """Runs each (stem, exporter) into `stem.fp32.onnx` and writes the precisions asked for."""
+    """Runs each (stem, exporter[, weights]) into `stem.fp32.onnx` and writes the precisions asked for. Stages
+    that name the same `weights` (graphs of one module) store their weights once, in
+    `<weights>.<precision>.weights` beside the graphs."""
     import onnx
 
-    files = {}
-    for stem, fn in stages:
+    files, shared = {}, {}
+    for stem, fn, *weights in stages:
         fn(tmp / f"{stem}.fp32.onnx")
         model = onnx.load(str(tmp / f"{stem}.fp32.onnx"))
         (tmp / f"{stem}.fp32.onnx").unlink()
-        files[stem] = _write(model, tmp, stem, precisions)
+        if weights:
+            shared.setdefault(weights[0], {})[stem] = model
+        else:
+            files[stem] = _write(model, tmp, stem, precisions)
+    for name, models in shared.items():
+        for p in precisions:
+            save_onnx_sharing_weights({tmp / f"{stem}.{p}.onnx": fp16(m) if p == "fp16" else m for stem, m in models.items()},
+                                      tmp / f"{name}.{p}.weights")
+        files |= {stem: {p: f"{stem}.{p}.onnx" for p in precisions} for stem in models}
     return files
 
 
@@ -268,7 +278,7 @@ def _feat_fmax(ck: Checkpoint) -> float | None:
 
 def _cosyvoice2_stages(ck: Checkpoint, flow, hift, hop: int) -> tuple[list, dict, dict]:
     """CosyVoice2's stage exports and their manifest sections (flow additions, streaming)."""
-    from . import export, incremental
+    from . import export, incremental, incremental_encoder
 
     cfm = flow.decoder
     ratio = int(flow.token_mel_ratio)
@@ -292,6 +302,16 @@ def _cosyvoice2_stages(ck: Checkpoint, flow, hift, hop: int) -> tuple[list, dict
                        lambda p: incremental.export_incremental_estimator(cfm.estimator, p, flow.output_size, flow.output_size)))
         flow_extra = {"incremental": {"files": "flow.decoder.estimator.incremental", "chunk_frames": int(cfm.estimator.static_chunk_size),
                                       "encoder_chunk_tokens": chunk}}
+        # The encoder too computes only a chunk's new tokens where its own layers allow it; its two graphs
+        # keep one copy of its weights.
+        not_causal = incremental_encoder.not_chunk_causal(flow.encoder)
+        if not_causal:
+            log.info("no incremental flow encoder: %s", not_causal)
+        else:
+            stages[0] = (*stages[0], "flow_encoder")
+            stages.append(("flow_encoder.incremental", lambda p: incremental_encoder.export_incremental_encoder(flow, p),
+                           "flow_encoder"))
+            flow_extra["incremental"]["encoder"] = {"files": "flow_encoder.incremental"}
     return stages, flow_extra, {}
 
 
@@ -342,7 +362,9 @@ def _write_repository(ck: Checkpoint, tmp: Path, precisions: list[str], name: st
                                      if cosyvoice3 else _cosyvoice2_stages(ck, flow, hift, hop))
     files = _export(stages, tmp, precisions)
     if "incremental" in flow_extra:
-        flow_extra["incremental"]["files"] = files[flow_extra["incremental"]["files"]]
+        for section in (flow_extra["incremental"], flow_extra["incremental"].get("encoder")):
+            if section is not None:
+                section["files"] = files[section["files"]]
     frames = int(seconds * token_rate * ratio) if seconds else None
     np.save(tmp / "flow_noise.npy", cfm.rand_noise[0, :, :frames].float().numpy())
     tok = _tokenizer(ck, tmp)

@@ -26,13 +26,17 @@ from torch import nn
 OPSET = 18
 
 
+def rel_pos_table(top: torch.Tensor, rows: torch.Tensor, d_model: int) -> torch.Tensor:
+    """EspnetRelPositionalEncoding's rows for relative positions top, top-1, .., top-rows+1: [1, rows, d]."""
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+    pos = (top - torch.arange(0, rows)).to(torch.float32).unsqueeze(1)
+    angle = pos * div
+    return torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).reshape(1, -1, d_model)
+
+
 def _rel_pos(size: torch.Tensor, d_model: int) -> torch.Tensor:
     """EspnetRelPositionalEncoding's table for `size` frames: [1, 2*size-1, d] for positions size-1 .. -(size-1)."""
-    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    pos = (size - 1 - torch.arange(0, 2 * size - 1)).to(torch.float32).unsqueeze(1)
-    angle = pos * div
-    pe = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).reshape(1, -1, d_model)
-    return pe
+    return rel_pos_table(size - 1, 2 * size - 1, d_model)
 
 
 def _repeat(x: torch.Tensor, times: int) -> torch.Tensor:

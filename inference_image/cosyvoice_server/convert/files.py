@@ -34,6 +34,33 @@ def fp16(model: onnx.ModelProto) -> onnx.ModelProto:
                                     op_block_list=[*DEFAULT_OP_BLOCK_LIST, "Resize", "CumSum"])
 
 
+def save_onnx_sharing_weights(graphs: dict[Path, onnx.ModelProto], weights: Path, min_bytes: int = 1024) -> None:
+    """Saves graphs exported from one module (the same weights under other names) with each distinct weight
+    stored once, in the external data file `weights` beside them, which ONNX Runtime and onnx.load read
+    through each graph. The graphs given are not changed."""
+    import hashlib
+
+    from onnx.external_data_helper import set_external_data
+
+    at: dict[bytes, int] = {}
+    with weights.open("wb") as f:
+        for path, graph in graphs.items():
+            model = onnx.ModelProto()
+            model.CopyFrom(graph)
+            for t in model.graph.initializer:
+                if len(t.raw_data) < min_bytes:
+                    continue
+                key = hashlib.sha256(t.raw_data).digest() + f"{t.data_type}:{list(t.dims)}".encode()
+                if key not in at:
+                    f.write(b"\0" * (-f.tell() % 4096))  # page-aligned, so the runtime may map it
+                    at[key] = f.tell()
+                    f.write(t.raw_data)
+                set_external_data(t, weights.name, at[key], len(t.raw_data))
+                t.ClearField("raw_data")
+                t.data_location = onnx.TensorProto.EXTERNAL
+            onnx.save(model, str(path))
+
+
 def save_onnx(model: onnx.ModelProto, path: Path, external: bool) -> None:
     if external:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,

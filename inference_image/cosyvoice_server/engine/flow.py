@@ -33,19 +33,21 @@ class CacheLedger:
         self.used = 0
         self._lock = threading.Lock()
 
-    def store(self, cache: FlowCache, past: np.ndarray, conv: np.ndarray, frames: int) -> bool:
-        """Replaces the cache's arrays (now covering `frames`), or drops the cache if the limit would pass."""
+    def store(self, cache: FlowCache, past: np.ndarray, conv: np.ndarray, frames: int,
+              encoder: EncoderStates | None = None) -> bool:
+        """Replaces the cache's arrays (now covering `frames`, and the encoder's states), or drops the cache if
+        the limit would pass."""
         with self._lock:
             if cache.closed:
                 return False
-            nbytes = past.nbytes + conv.nbytes
+            nbytes = past.nbytes + conv.nbytes + (encoder.nbytes if encoder is not None else 0)
             self.used -= cache.counted
             cache.counted = 0
             if self.used + nbytes > self.limit:
                 cache.close()
                 return False
             self.used += nbytes
-            cache.past, cache.conv, cache.frames, cache.counted = past, conv, frames, nbytes
+            cache.past, cache.conv, cache.frames, cache.encoder, cache.counted = past, conv, frames, encoder, nbytes
             return True
 
     def release(self, cache: FlowCache) -> None:
@@ -56,22 +58,39 @@ class CacheLedger:
                 cache.close()
 
 
+@dataclass(frozen=True)
+class EncoderStates:
+    """What a streamed segment's masked encoder runs computed for its first `tokens` tokens (whole encoder
+    chunks whose look-ahead tokens were known; convert/incremental_encoder.py): each attention layer's keys
+    and values, at token and at frame rate, and the token-rate outputs the upsampling convolution reads next."""
+
+    tokens: int
+    past: np.ndarray  # [token-rate layers, tokens, 2 x width]
+    up_past: np.ndarray  # [frame-rate layers, tokens x token_mel_ratio, 2 x width]
+    up_state: np.ndarray  # [width, tokens the convolutions look back]
+
+    @property
+    def nbytes(self) -> int:
+        return self.past.nbytes + self.up_past.nbytes + self.up_state.nbytes
+
+
 @dataclass
 class FlowCache:
     """What one streamed segment's masked flow runs computed for the frames of its complete chunks, per Euler
     step and guidance branch: each attention layer's normalised input and each causal convolution's last
-    inputs (convert/incremental.py). Those frames never change in later masked runs, so the next chunk
-    computes only the frames after them."""
+    inputs (convert/incremental.py), and the encoder's states for the same tokens. Those frames never change
+    in later masked runs, so the next chunk computes only the frames after them."""
 
     ledger: CacheLedger
     frames: int = 0
     past: np.ndarray | None = None  # [steps, 2, layers, frames, width]
     conv: np.ndarray | None = None  # [steps, 2, convs, channels, kernel - 1]
+    encoder: EncoderStates | None = None  # None: the model has no incremental encoder, or nothing settled yet
     closed: bool = False
     counted: int = 0  # bytes of its own arrays in the ledger (a voice's prompt states it starts from are shared)
 
     def close(self) -> None:
-        self.closed, self.past, self.conv = True, None, None
+        self.closed, self.past, self.conv, self.encoder = True, None, None, None
 
     def release(self) -> None:
         """The segment ended (or its request did): the memory goes back to the ledger."""
@@ -93,6 +112,11 @@ class FlowChunk:
     cache: FlowCache | None = field(default=None, repr=False)  # the segment's; a streamed chunk extends it
 
 
+def _extend(old: np.ndarray | None, new: np.ndarray) -> np.ndarray:
+    """Per-layer states [layers, positions, ...] followed by the new positions' (a copy either way)."""
+    return np.ascontiguousarray(new) if old is None else np.concatenate([old, new], axis=1)
+
+
 def segment_token_room(max_frames: int, token_mel_ratio: int, prompt_tokens: int) -> int:
     """Speech tokens one segment may have after a voice's `prompt_tokens`: each flow run covers the prompt and
     the segment's tokens so far, and its fixed noise holds `max_frames` mel frames (upstream indexes past it)."""
@@ -106,7 +130,8 @@ def cosine_t_span(n: int) -> np.ndarray:
 
 class FlowEngine:
     def __init__(self, rt: Runtime, encoder: Path, estimator: Path, spec: FlowSpec, token_mel_ratio: int,
-                 noise: np.ndarray, incremental: Path | None = None, cache_limit_bytes: int = 0) -> None:
+                 noise: np.ndarray, incremental: Path | None = None, cache_limit_bytes: int = 0,
+                 incremental_encoder: Path | None = None) -> None:
         self.rt = rt
         self.spec = spec
         self.ratio = token_mel_ratio
@@ -124,6 +149,13 @@ class FlowEngine:
             shapes = {i.name: i.shape for i in self.incremental.get_inputs()}
             self._layers, self._width = shapes["past"][1], shapes["past"][3]
             self._conv_shape = tuple(shapes["conv_state"][1:])
+        self.incremental_encoder = None
+        if self.incremental is not None and incremental_encoder is not None and spec.incremental.encoder is not None:
+            self.incremental_encoder = rt.session(incremental_encoder, "flow_incremental_encoder")
+            shapes = {i.name: i.shape for i in self.incremental_encoder.get_inputs()}
+            # token-rate layers, frame-rate layers, keys + values, width, tokens the convolutions look back
+            self._enc_shape = (int(shapes["past"][1]), int(shapes["up_past"][1]), int(shapes["past"][3]),
+                               *map(int, shapes["up_state"][1:]))
 
     def new_cache(self) -> FlowCache | None:
         """A streamed segment's cache, or None when the model has no incremental estimator (or no memory is
@@ -134,7 +166,11 @@ class FlowEngine:
         """Cache bytes one mel frame of a streamed segment (prompt included) holds."""
         if self.incremental is None:
             return 0
-        return self.spec.n_timesteps * 2 * int(self._layers) * int(self._width) * 4
+        estimator = self.spec.n_timesteps * 2 * int(self._layers) * int(self._width) * 4
+        if self.incremental_encoder is None:
+            return estimator
+        token_layers, frame_layers, kv, _, _ = self._enc_shape
+        return estimator + (token_layers * kv * 4) // self.ratio + frame_layers * kv * 4
 
     @property
     def max_frames(self) -> int:
@@ -143,25 +179,33 @@ class FlowEngine:
     def token_room(self, prompt_tokens: int) -> int:
         return segment_token_room(self.max_frames, self.ratio, prompt_tokens)
 
-    def _settled(self, c: FlowChunk) -> int:
-        """Frames of a masked run that no later masked run of the segment changes: those of complete chunks of
-        both the encoder (tokens) and the estimator (frames)."""
+    def _settled_frames(self, known_tokens: int) -> int:
+        """Frames that no later masked run of a segment changes, when its first `known_tokens` tokens and their
+        look-ahead tokens are final: those of complete chunks of both the encoder (tokens) and the estimator
+        (frames)."""
         inc: IncrementalEstimator = self.spec.incremental  # type: ignore[assignment]
         enc = inc.encoder_chunk_tokens or 1
-        tokens = c.token_len // enc * enc
-        frames = c.token_len * self.ratio
-        return min(tokens * self.ratio, frames // inc.chunk_frames * inc.chunk_frames)
+        tokens = max(known_tokens, 0) // enc * enc
+        return tokens * self.ratio // inc.chunk_frames * inc.chunk_frames
+
+    def _settled(self, c: FlowChunk) -> int:
+        """Frames of a masked run that no later masked run of the segment changes (its context tokens are the
+        look-ahead of its last tokens)."""
+        return self._settled_frames(c.token_len - max(self.spec.pre_lookahead_tokens - c.context_len, 0))
 
     def prompt_frames(self, prompt_tokens: int) -> int:
         """Frames of a voice's prompt that every streamed segment's masked runs compute alike: those of complete
         encoder chunks whose look-ahead tokens are the prompt's own, in complete estimator chunks (they depend
         on the prompt's tokens and mel, the speaker embedding and the fixed noise only)."""
-        inc = self.spec.incremental
-        if inc is None:
+        if self.spec.incremental is None:
             return 0
-        enc = inc.encoder_chunk_tokens or 1
-        tokens = max(prompt_tokens - self.spec.pre_lookahead_tokens, 0) // enc * enc
-        return tokens * self.ratio // inc.chunk_frames * inc.chunk_frames
+        return self._settled_frames(prompt_tokens - self.spec.pre_lookahead_tokens)
+
+    def _encoder_tokens(self, frames: int) -> int:
+        """Tokens whose encoder states a cache of `frames` settled frames keeps: whole encoder chunks, so a
+        later run's new encoder output starts at or before its estimator's first new frame."""
+        enc = self.spec.incremental.encoder_chunk_tokens  # type: ignore[union-attr]
+        return frames // self.ratio // enc * enc
 
     @property
     def prompt_cache_bytes(self) -> int:
@@ -186,7 +230,7 @@ class FlowEngine:
         prompt = FlowChunk(tokens=c.tokens[:prompt_tokens], token_len=prompt_tokens, context_len=0, streaming=True,
                            prompt_frames=c.prompt_frames, offset_frames=0, embedding=c.embedding,
                            prompt_mel=c.prompt_mel, cache=states)
-        self._run_incremental([prompt], *self._encode([prompt]), settled=[frames])
+        self._run_incremental([prompt], settled=[frames])
         if states.closed:
             return None
         self._prompts[key] = states
@@ -202,19 +246,18 @@ class FlowEngine:
             return
         states = self._prompt_states(c)
         if states is not None:
-            cache.past, cache.conv, cache.frames = states.past, states.conv, states.frames
+            cache.past, cache.conv, cache.frames, cache.encoder = states.past, states.conv, states.frames, states.encoder
 
     def run(self, chunks: list[FlowChunk]) -> list[np.ndarray]:
         inc = [i for i, c in enumerate(chunks)
                if self.incremental is not None and c.streaming and c.cache is not None and not c.cache.closed]
         for i in inc:
             self._seed(chunks[i])
-        mu, spks = self._encode(chunks)
         full = [i for i in range(len(chunks)) if i not in inc]
         out: list[np.ndarray | None] = [None] * len(chunks)
         for rows, fn in ((full, self._run_full), (inc, self._run_incremental)):
             if rows:
-                for i, mel in zip(rows, fn([chunks[i] for i in rows], mu[rows], spks[rows])):
+                for i, mel in zip(rows, fn([chunks[i] for i in rows])):
                     out[i] = mel
         for c in chunks:
             if not c.streaming and c.cache is not None:
@@ -232,14 +275,66 @@ class FlowEngine:
         streaming = np.array([int(c.streaming) for c in chunks], np.int64)
         feed = {"token": tokens, "token_len": lens, "context_len": np.array([c.context_len for c in chunks], np.int64),
                 "streaming": streaming, "embedding": emb}
+        frames = self._frames(chunks)
         mu, spks = self.encoder.run(["mu", "spks"], {k: v for k, v in feed.items() if k in self._encoder_inputs})
-        frames = int(lens.max()) * self.ratio
-        if frames > self.max_frames:
-            raise ValueError(f"{frames} mel frames exceed the flow noise buffer ({self.max_frames})")
         return mu[:, :, :frames], spks
 
-    def _run_full(self, chunks: list[FlowChunk], mu: np.ndarray, spks: np.ndarray) -> list[np.ndarray]:
+    def _frames(self, chunks: list[FlowChunk]) -> int:
+        """The longest row's mel frames, which the fixed noise must cover."""
+        frames = max(c.token_len for c in chunks) * self.ratio
+        if frames > self.max_frames:
+            raise ValueError(f"{frames} mel frames exceed the flow noise buffer ({self.max_frames})")
+        return frames
+
+    def _encode_new(self, chunks: list[FlowChunk], settled: list[int]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[EncoderStates | None]]:
+        """mu from each row's first frame after its cache's encoder states (frame 0 without an incremental
+        encoder: the whole prefix), that frame, spks, and the encoder states to keep with `settled` frames."""
+        b = len(chunks)
+        if self.incremental_encoder is None:
+            mu, spks = self._encode(chunks)
+            return mu, spks, np.zeros(b, np.int64), [None] * b
+        self._frames(chunks)
+        had = [c.cache.encoder for c in chunks]  # type: ignore[union-attr]
+        offset = np.array([s.tokens if s is not None else 0 for s in had], np.int64)
+        keep = np.array([self._encoder_tokens(f) for f in settled], np.int64)
+        commit = np.maximum(keep - offset, 0)
+        mu, spks, new_past, new_up_past, new_up_state = self.incremental_encoder.run(
+            None, self._encoder_feed(chunks, had, offset) | {"commit": commit})
+        kept = [s if not k else EncoderStates(int(keep[i]), _extend(None if s is None else s.past, new_past[i, :, :k]),
+                                              _extend(None if s is None else s.up_past, new_up_past[i, :, : k * self.ratio]),
+                                              new_up_state[i].copy())
+                for i, (s, k) in enumerate(zip(had, commit))]
+        return mu, spks, offset * self.ratio, kept
+
+    def _encoder_feed(self, chunks: list[FlowChunk], had: list[EncoderStates | None], offset: np.ndarray) -> dict:
+        """The incremental encoder's inputs but `commit`: each row's tokens from `left` before its offset (padding
+        before token 0) and its states, padded to the batch's longest."""
+        token_layers, frame_layers, kv, width, left = self._enc_shape
+        b = len(chunks)
+        tokens = np.zeros((b, max(left + len(c.tokens) - int(o) for c, o in zip(chunks, offset))), np.int64)
+        for i, (c, o) in enumerate(zip(chunks, offset)):
+            first = max(int(o) - left, 0)
+            pad = left - (int(o) - first)
+            tokens[i, pad : pad + len(c.tokens) - first] = c.tokens[first:]
+        tp = int(offset.max())
+        if b == 1 and tp:  # its states are the inputs as they are: no copy
+            past, up_past, up_state = had[0].past[None], had[0].up_past[None], had[0].up_state[None]  # type: ignore[union-attr]
+        else:
+            past = np.zeros((b, token_layers, tp, kv), np.float32)
+            up_past = np.zeros((b, frame_layers, tp * self.ratio, kv), np.float32)
+            up_state = np.zeros((b, width, left), np.float32)
+            for i, s in enumerate(had):
+                if s is not None:
+                    past[i, :, : s.tokens], up_past[i, :, : s.tokens * self.ratio], up_state[i] = s.past, s.up_past, s.up_state
+        return {"token": tokens, "token_len": np.array([c.token_len for c in chunks], np.int64),
+                "context_len": np.array([c.context_len for c in chunks], np.int64), "offset": offset,
+                "embedding": np.stack([c.embedding for c in chunks]).astype(np.float32), "past": past,
+                "up_past": up_past, "up_state": up_state}
+
+    def _run_full(self, chunks: list[FlowChunk]) -> list[np.ndarray]:
         """Every frame of every row, as upstream's flow.inference computes them."""
+        mu, spks = self._encode(chunks)
         b = len(chunks)
         frames = max(c.token_len for c in chunks) * self.ratio
         mu = np.ascontiguousarray(mu[:, :, :frames])
@@ -275,14 +370,14 @@ class FlowEngine:
         mel = x_dev.numpy()  # may share ONNX Runtime's buffer, which a later run reuses: the chunks are copies
         return [mel[i, :, c.prompt_frames + c.offset_frames : c.token_len * self.ratio].copy() for i, c in enumerate(chunks)]
 
-    def _run_incremental(self, chunks: list[FlowChunk], mu: np.ndarray, spks: np.ndarray,
-                         settled: list[int] | None = None) -> list[np.ndarray]:
+    def _run_incremental(self, chunks: list[FlowChunk], settled: list[int] | None = None) -> list[np.ndarray]:
         """Masked runs over the frames after each segment's cache; the same mel as _run_full's. The caches grow
         to `settled` frames (default: every frame no later masked run changes)."""
         b = len(chunks)
         start = np.array([c.cache.frames for c in chunks], np.int64)  # type: ignore[union-attr]
         end = np.array([c.token_len * self.ratio for c in chunks], np.int64)
         settled = settled if settled is not None else [self._settled(c) for c in chunks]
+        mu, spks, mu_start, encoder = self._encode_new(chunks, settled)
         commit = np.maximum(np.array(settled, np.int64) - start, 0)
         n, p = int((end - start).max()), int(start.max())
         mask = np.zeros((b, 1, n), np.float32)
@@ -293,7 +388,7 @@ class FlowEngine:
             s, e = int(start[i]), int(end[i])
             mask[i, 0, : e - s] = 1.0
             x[i, :, : e - s] = self.noise[:, s:e]
-            mu_new[i, :, : e - s] = mu[i, :, s:e]
+            mu_new[i, :, : e - s] = mu[i, :, s - mu_start[i] : e - mu_start[i]]
             if s < c.prompt_frames:
                 cond[i, :, : c.prompt_frames - s] = c.prompt_mel[s:].T
         zeros = np.zeros_like
@@ -332,7 +427,8 @@ class FlowEngine:
                 grown[i][k, 1, :, f:] = step_past[b + i, :, :n_new]
         for i, cache in enumerate(caches):
             if commit[i]:
-                cache.ledger.store(cache, grown[i], np.ascontiguousarray(convs[:, [i, b + i]]), int(start[i] + commit[i]))
+                cache.ledger.store(cache, grown[i], np.ascontiguousarray(convs[:, [i, b + i]]), int(start[i] + commit[i]),
+                                   encoder[i])
         return [x[i, :, c.prompt_frames + c.offset_frames - int(start[i]) : int(end[i] - start[i])].copy()
                 for i, c in enumerate(chunks)]
 

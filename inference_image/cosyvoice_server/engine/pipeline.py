@@ -165,13 +165,14 @@ class Pipeline:
         p = self.precision
         self.frontend = TextFrontend.of_model(model_dir, m.frontend)
         emb = _load_npz(model_dir / m.llm.embeddings, ("text_embedding", "speech_embedding", "llm_embedding"))
+        inc = m.flow.incremental
         with phases("sessions"), ThreadPoolExecutor(load_threads, thread_name_prefix="session-load") as pool:
             llm = pool.submit(LLMEngine, self.runtime, stage_file(model_dir, m.llm, p, "llm"), m.llm, emb)
             flow = pool.submit(FlowEngine, self.runtime, stage_file(model_dir, m.flow.encoder, p, "flow.encoder"),
                                stage_file(model_dir, m.flow.estimator, p, "flow.estimator"), m.flow, m.token_mel_ratio,
                                load_flow_noise(model_dir, m),
-                               stage_file(model_dir, m.flow.incremental, p, "flow.incremental") if m.flow.incremental else None,
-                               flow_cache_bytes)
+                               stage_file(model_dir, inc, p, "flow.incremental") if inc else None, flow_cache_bytes,
+                               stage_file(model_dir, inc.encoder, p, "flow.incremental.encoder") if inc and inc.encoder else None)
             vocoder = pool.submit(VocoderEngine, self.runtime, stage_file(model_dir, m.vocoder, p, "vocoder"),
                                   m.hop_samples, load_vocoder_noise(model_dir, m))
             self.llm, self.flow, self.vocoder = llm.result(), flow.result(), vocoder.result()

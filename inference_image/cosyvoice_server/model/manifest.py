@@ -9,6 +9,8 @@ family's name.
     llm.<precision>.onnx                decoder step with KV cache (see README "Model repository")
     llm_embeddings.npz                  text_embedding, speech_embedding, llm_embedding tables
     flow_encoder.<precision>.onnx       speech tokens -> mu, speaker embedding -> spks
+    flow_encoder.incremental.<p>.onnx   the same for a streamed segment's tokens after its settled ones
+                                        (CosyVoice2 with a chunk-masked encoder; optional)
     flow.decoder.estimator.<p>.onnx     x, mask, mu, t, spks, cond, streaming -> estimator_out
     flow_noise.npy                      the fixed initial flow-matching noise [80, frames]
     hift.<precision>.onnx               speech_feat, noise, cache_source -> waveform (24 kHz), source; or,
@@ -111,6 +113,16 @@ class IncrementalEstimator(StageFiles):
     encoder_chunk_tokens: int | None = Field(None, ge=1, description="the encoder's static chunk mask, in tokens: its "
                                              "output for a complete chunk is final (None: an encoder without "
                                              "attention, CosyVoice3's, whose output is final for every token)")
+    encoder: StageFiles | None = Field(None, description="the flow encoder over a streamed segment's tokens after its "
+                                       "settled ones, given their attention keys and values "
+                                       "(convert/incremental_encoder.py); None: every streamed chunk re-runs the "
+                                       "encoder over the whole prefix")
+
+    @model_validator(mode="after")
+    def _encoder_chunks(self) -> IncrementalEstimator:
+        if self.encoder is not None and self.encoder_chunk_tokens is None:
+            raise ValueError("encoder needs encoder_chunk_tokens: the incremental encoder keeps whole encoder chunks")
+        return self
 
 
 class Flow(_Strict):
@@ -250,6 +262,13 @@ STAGE_IO = {
          "conv_state": ("float", 4)},
         {"estimator_out": ("float", 3), "new_past": ("float", 4), "new_conv_state": ("float", 4)},
     ),
+    "flow incremental encoder": (
+        {"token": ("int64", 2), "token_len": ("int64", 1), "context_len": ("int64", 1), "offset": ("int64", 1),
+         "commit": ("int64", 1), "embedding": ("float", 2), "past": ("float", 4), "up_past": ("float", 4),
+         "up_state": ("float", 3)},
+        {"mu": ("float", 3), "spks": ("float", 2), "new_past": ("float", 4), "new_up_past": ("float", 4),
+         "new_up_state": ("float", 3)},
+    ),
     "vocoder": ({"speech_feat": ("float", 3), "noise": ("float", 3), "cache_source": ("float", 3)},
                 {"waveform": ("float", 2), "source": ("float", 3)}),
     "causal vocoder": ({"speech_feat": ("float", 3), "noise": ("float", 3)}, {"waveform": ("float", 2)}),
@@ -295,12 +314,15 @@ def _fields(buf, start: int, end: int):
 
 # ModelProto.graph, GraphProto.initializer/input/output/sparse_initializer, TensorProto.name, SparseTensorProto.values
 _GRAPH, _INITIALIZER, _INPUT, _OUTPUT, _SPARSE_INITIALIZER, _TENSOR_NAME, _SPARSE_VALUES = 7, 5, 11, 12, 15, 8, 1
+# TensorProto.external_data, StringStringEntryProto.key/value
+_EXTERNAL_DATA, _KEY, _VALUE = 13, 1, 2
 
 
 def _interface(path: Path):
-    """The graph's inputs and outputs (onnx ValueInfoProtos) and its initializers' names, read without parsing
-    the weights: onnx.load would decode every embedded tensor (half a gigabyte for the flow and HiFT stages
-    at CosyVoice2's size, seconds of start-up) only for these few fields."""
+    """The graph's inputs and outputs (onnx ValueInfoProtos), its initializers' names and the files their
+    external data lie in, read without parsing the weights: onnx.load would decode every embedded tensor (half
+    a gigabyte for the flow and HiFT stages at CosyVoice2's size, seconds of start-up) only for these few
+    fields."""
     import mmap
 
     import onnx  # here, not at the top: its import takes most of a second, and the worker processes need none
@@ -309,15 +331,21 @@ def _interface(path: Path):
         graphs = [(s, e) for field, s, e in _fields(buf, 0, len(buf)) if field == _GRAPH]
         if len(graphs) != 1:
             raise ValueError(f"{len(graphs)} graphs")
-        inputs, outputs, init_names = [], [], set()
+        inputs, outputs, init_names, external = [], [], set(), set()
         for field, s, e in _fields(buf, *graphs[0]):
             if field in (_INPUT, _OUTPUT):
                 (inputs if field == _INPUT else outputs).append(onnx.ValueInfoProto.FromString(buf[s:e]))
             elif field in (_INITIALIZER, _SPARSE_INITIALIZER):
                 if field == _SPARSE_INITIALIZER:
                     s, e = next(((vs, ve) for f2, vs, ve in _fields(buf, s, e) if f2 == _SPARSE_VALUES), (s, s))
-                init_names |= {buf[ns:ne].decode() for f2, ns, ne in _fields(buf, s, e) if f2 == _TENSOR_NAME}
-        return inputs, outputs, init_names
+                for f2, ns, ne in _fields(buf, s, e):
+                    if f2 == _TENSOR_NAME:
+                        init_names.add(buf[ns:ne].decode())
+                    elif f2 == _EXTERNAL_DATA:
+                        entry = {k: buf[vs:ve].decode() for k, vs, ve in _fields(buf, ns, ne)}
+                        if entry.get(_KEY) == "location":
+                            external.add(entry.get(_VALUE, ""))
+        return inputs, outputs, init_names, external
 
 
 def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], outputs: dict[str, tuple[str, int]],
@@ -327,9 +355,15 @@ def check_onnx_io(path: Path, stage: str, inputs: dict[str, tuple[str, int]], ou
     import onnx
 
     try:
-        graph_in, graph_out, init_names = _interface(path)
+        graph_in, graph_out, init_names, external = _interface(path)
     except Exception as exc:  # a corrupt file: ValueError, IndexError, DecodeError, OSError, ...
         raise ModelLoadError(f"{path}: not a readable ONNX model ({exc.__class__.__name__}: {exc})") from exc
+    for name in sorted(external):
+        # the runtime would open whatever the graph names: only a file beside it is part of the model
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise ModelLoadError(f"{path}: its weights must lie in a file beside it, not {name!r}")
+        if not (path.parent / name).is_file():
+            raise ModelLoadError(f"{path.parent / name}: missing (the weights of {path.name})")
     have_in = {v.name: v for v in graph_in if v.name not in init_names}
     have_out = {v.name: v for v in graph_out}
     inputs = {k: v for k, v in inputs.items() if k in have_in or k not in optional}
@@ -395,6 +429,9 @@ def validate_model_dir(model_dir: Path, precision: Precision = "fp32", extra_ali
     if m.flow.incremental is not None:
         check_onnx_io(stage_file(model_dir, m.flow.incremental, precision, "flow.incremental"),
                       "flow incremental estimator", *STAGE_IO["flow incremental estimator"])
+        if m.flow.incremental.encoder is not None:
+            check_onnx_io(stage_file(model_dir, m.flow.incremental.encoder, precision, "flow.incremental.encoder"),
+                          "flow incremental encoder", *STAGE_IO["flow incremental encoder"])
     vocoder = "causal vocoder" if m.streaming.seams == "causal" else "vocoder"
     check_onnx_io(stage_file(model_dir, m.vocoder, precision, "vocoder"), vocoder, *STAGE_IO[vocoder])
     fixed = [(m.vocoder.noise, "vocoder noise")] if m.vocoder.noise else []
