@@ -105,7 +105,7 @@ class Settings(BaseModel):
     flow_cache_mib: int = Field(2048, ge=0, le=1 << 20, description="memory for streamed segments' flow states, "
                                 "all requests together: a streamed chunk computes only its new mel frames from what "
                                 "the segment's earlier chunks left (about 1.1 MiB per frame of prompt and segment at "
-                                "CosyVoice2-0.5B's size, i.e. 55 MiB per second, freed when the segment "
+                                "CosyVoice2-0.5B's size, i.e. 56 MiB per second, freed when the segment "
                                 "ends); a segment that finds no room re-runs the flow over its prefix, with the same "
                                 "audio; up to a quarter of it keeps voices' prompt states, so a voice's later "
                                 "segments start after its prompt; 0 turns the cache off")

@@ -310,7 +310,7 @@ def test_hift_whole_and_with_source_cache_alone_and_batched(pipeline, reference)
 
 # fp16 files against fp32 (ONNX Runtime CPU here; documented in the README). Random weights, so these are
 # bounds for this check, not a promise for trained weights.
-FP16_TOL = {"LLM logits": 1e-2, "flow mel": 0.15, "HiFT waveform": 2e-3}
+FP16_TOL = {"LLM logits": 1e-2, "flow mel": 0.15, "flow mel streamed": 0.15, "HiFT waveform": 2e-3}
 
 
 def test_fp16_files_stay_within_the_documented_tolerance(converted, pipeline):
@@ -333,6 +333,11 @@ def test_fp16_files_stay_within_the_documented_tolerance(converted, pipeline):
     chunk = _chunk(pipeline, rng.integers(0, 6561, 80).tolist(), "spk_b", 0, 80, True)
     mel = pipeline.flow.run([chunk])[0]
     errs["flow mel"] = float(np.abs(half.flow.run([chunk])[0] - mel).max())
+    # a streamed segment through each precision's incremental graphs (estimator and encoder), chunk by chunk
+    tokens = rng.integers(0, 6561, 140).tolist()
+    assert half.flow.incremental is not None and half.flow.incremental_encoder is not None
+    streamed = [[p.flow.run([c])[0] for c in _segment_chunks(p, tokens, "spk_b", p.flow.new_cache())] for p in (pipeline, half)]
+    errs["flow mel streamed"] = max(float(np.abs(a - b).max()) for a, b in zip(*streamed))
     item = VocoderInput(mel, rng.standard_normal((mel.shape[1] * 480, 9)).astype(np.float32), np.zeros(0, np.float32))
     errs["HiFT waveform"] = float(np.abs(half.vocoder.run([item])[0][0] - pipeline.vocoder.run([item])[0][0]).max())
     for k, e in errs.items():
