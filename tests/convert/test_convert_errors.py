@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,6 +94,29 @@ def test_converted_directory_has_every_file_and_every_speaker(converted):
     # upstream's buffer: torch.manual_seed(0); torch.randn([1, 80, 15000])
     torch.manual_seed(0)
     np_noise = torch.randn([1, 80, 15000])[0].numpy()
-    import numpy as np
-
     assert np.array_equal(np.load(converted / "flow_noise.npy"), np_noise)
+
+
+def test_weights_written_beside_a_graph_are_readable_by_the_servers_user(tmp_path):
+    """A graph over protobuf's limit keeps its weights in `<graph>.data`; the server (another, non-root user in
+    the pod) must be able to read it, as it reads the graph."""
+    import stat
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cosyvoice_server.convert.files import save_onnx
+
+    w = numpy_helper.from_array(np.arange(1024, dtype=np.float32).reshape(32, 32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], [w])
+    path = tmp_path / "llm.fp32.onnx"
+    save_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path, external=True)
+    data = tmp_path / "llm.fp32.onnx.data"
+    assert data.is_file() and onnx.load(str(path), load_external_data=False).graph.initializer[0].data_location == 1
+    for f in (path, data):
+        assert f.stat().st_mode & stat.S_IROTH, f"{f.name} is {oct(f.stat().st_mode)}"
+    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((1, 32), np.float32)})[0]
+    assert y[0, 0] == np.arange(0, 1024, 32).sum()

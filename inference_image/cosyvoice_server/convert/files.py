@@ -65,5 +65,7 @@ def save_onnx(model: onnx.ModelProto, path: Path, external: bool) -> None:
     if external:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
+        # onnx creates the data file 0600: a server running as another (non-root) user could not read it
+        (path.parent / (path.name + ".data")).chmod(0o644)
     else:
         onnx.save(model, str(path))
