@@ -152,9 +152,12 @@ def test_the_interface_check_reads_what_onnx_load_reads(model):
         assert [v.SerializeToString() for v in outputs] == [v.SerializeToString() for v in full.graph.output], path
         assert init_names == {t.name for t in full.graph.initializer}, path
         assert external == {d.value for t in full.graph.initializer for d in t.external_data if d.key == "location"}
-    assert {p.name for p in model.glob("flow_encoder*")} == {  # the encoder's two graphs keep one copy of its weights
-        "flow_encoder.fp32.onnx", "flow_encoder.incremental.fp32.onnx", "flow_encoder.fp32.weights"}
-    assert _interface(model / "flow_encoder.incremental.fp32.onnx")[3] == {"flow_encoder.fp32.weights"}
+    # the whole and the incremental graph of one module keep one copy of its weights
+    for stem in ("flow_encoder", "flow.decoder.estimator"):
+        assert {p.name for p in model.glob(stem + ".*")} == {
+            f"{stem}.fp32.onnx", f"{stem}.incremental.fp32.onnx", f"{stem}.fp32.weights"}
+        for graph in (f"{stem}.fp32.onnx", f"{stem}.incremental.fp32.onnx"):
+            assert _interface(model / graph)[3] == {f"{stem}.fp32.weights"}
 
 
 def test_missing_weights_and_an_incremental_encoder_without_its_chunk_are_named(model):

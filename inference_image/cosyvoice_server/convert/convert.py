@@ -276,6 +276,14 @@ def _feat_fmax(ck: Checkpoint) -> float | None:
     return None if fmax is None else float(fmax)
 
 
+def _share_weights(stages: list, stem: str, incremental) -> None:
+    """Adds `stem`'s incremental graph (exported by `incremental`) as `stem.incremental`; the two graphs come
+    from one module, so they keep one copy of its weights, in `stem.<precision>.weights`."""
+    i = next(i for i, (s, *_) in enumerate(stages) if s == stem)
+    stages[i] = (*stages[i][:2], stem)
+    stages.append((f"{stem}.incremental", incremental, stem))
+
+
 def _cosyvoice2_stages(ck: Checkpoint, flow, hift, hop: int) -> tuple[list, dict, dict]:
     """CosyVoice2's stage exports and their manifest sections (flow additions, streaming)."""
     from . import export, incremental, incremental_encoder
@@ -298,19 +306,16 @@ def _cosyvoice2_stages(ck: Checkpoint, flow, hift, hop: int) -> tuple[list, dict
     if not_causal:
         log.info("no incremental streaming flow: %s", not_causal)
     else:
-        stages.append(("flow.decoder.estimator.incremental",
-                       lambda p: incremental.export_incremental_estimator(cfm.estimator, p, flow.output_size, flow.output_size)))
+        _share_weights(stages, "flow.decoder.estimator",
+                       lambda p: incremental.export_incremental_estimator(cfm.estimator, p, flow.output_size, flow.output_size))
         flow_extra = {"incremental": {"files": "flow.decoder.estimator.incremental", "chunk_frames": int(cfm.estimator.static_chunk_size),
                                       "encoder_chunk_tokens": chunk}}
-        # The encoder too computes only a chunk's new tokens where its own layers allow it; its two graphs
-        # keep one copy of its weights.
+        # The encoder too computes only a chunk's new tokens where its own layers allow it.
         not_causal = incremental_encoder.not_chunk_causal(flow.encoder)
         if not_causal:
             log.info("no incremental flow encoder: %s", not_causal)
         else:
-            stages[0] = (*stages[0], "flow_encoder")
-            stages.append(("flow_encoder.incremental", lambda p: incremental_encoder.export_incremental_encoder(flow, p),
-                           "flow_encoder"))
+            _share_weights(stages, "flow_encoder", lambda p: incremental_encoder.export_incremental_encoder(flow, p))
             flow_extra["incremental"]["encoder"] = {"files": "flow_encoder.incremental"}
     return stages, flow_extra, {}
 
@@ -328,8 +333,8 @@ def _cosyvoice3_stages(flow, hift, hop: int, tmp: Path, samples: int | None) -> 
     if not_causal:
         log.info("no incremental streaming flow: %s", not_causal)
     else:
-        stages.append(("flow.decoder.estimator.incremental",
-                       lambda p: export_dit.export_incremental_estimator(est, p, flow.output_size, flow.output_size)))
+        _share_weights(stages, "flow.decoder.estimator",
+                       lambda p: export_dit.export_incremental_estimator(est, p, flow.output_size, flow.output_size))
         flow_extra = {"incremental": {"files": "flow.decoder.estimator.incremental",
                                       "chunk_frames": int(est.static_chunk_size)}}
     np.save(tmp / "hift_noise.npy", hift.fixed_noise(samples).numpy())
