@@ -12,6 +12,9 @@ family's name.
     flow_encoder.incremental.<p>.onnx   the same for a streamed segment's tokens after its settled ones
                                         (CosyVoice2 with a chunk-masked encoder; optional)
     flow.decoder.estimator.<p>.onnx     x, mask, mu, t, spks, cond, streaming -> estimator_out
+    flow.decoder.estimator.incremental.<p>.onnx
+                                        the same over a streamed segment's new frames (optional)
+    <stage>.<p>.weights                 the weights a stage's whole and incremental graphs share
     flow_noise.npy                      the fixed initial flow-matching noise [80, frames]
     hift.<precision>.onnx               speech_feat, noise, cache_source -> waveform (24 kHz), source; or,
                                         for a causal vocoder, speech_feat, noise -> waveform
