@@ -194,9 +194,17 @@ def test_a_model_without_an_incremental_encoder_re_runs_the_encoder(model):
     del man["flow"]["incremental"]["encoder"]
     (model / "model.yaml").write_text(yaml.safe_dump(man))
     (model / "flow_encoder.incremental.fp32.onnx").unlink()
-    p = Pipeline(model, "cpu")
+    from cosyvoice_server.startup import Phases
+
+    old, new = Phases(emit=lambda line: None), Phases(emit=lambda line: None)
+    p = Pipeline(model, "cpu", phases=old)
     assert p.flow.incremental is not None and p.flow.incremental_encoder is None
-    assert p.flow.cache_bytes_per_frame() < Pipeline(BUNDLED_MODEL, "cpu").flow.cache_bytes_per_frame()
+    full = Pipeline(BUNDLED_MODEL, "cpu", phases=new)
+    assert p.flow.cache_bytes_per_frame() < full.flow.cache_bytes_per_frame()
+    # each session's load is a start-up phase (cosyvoice_startup_phase_seconds), the streamed flow's graphs too
+    sessions = {"session_llm", "session_flow_encoder", "session_flow_estimator", "session_flow_incremental", "session_vocoder"}
+    assert {k for k in new.seconds if k.startswith("session_")} == sessions | {"session_flow_incremental_encoder"}
+    assert {k for k in old.seconds if k.startswith("session_")} == sessions
 
 
 @pytest.mark.parametrize("cut", [0, 1, 7, 0.5, -3])
